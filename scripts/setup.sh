@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Creates .venv with Python 3.12 and installs requirements.txt into it.
+# Usage: bash scripts/setup.sh        (from the repository root; safe to re-run)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+find_python312() {
+  local candidate
+  for candidate in "${PYTHON:-}" python3.12; do
+    if [ -n "$candidate" ] && command -v "$candidate" >/dev/null 2>&1 \
+        && "$candidate" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null; then
+      command -v "$candidate"; return 0
+    fi
+  done
+  local roots=()
+  command -v pyenv >/dev/null 2>&1 && roots+=("$(pyenv root)/versions")
+  roots+=("${PYENV_ROOT:-$HOME/.pyenv}/versions" "$HOME/.pyenv/versions")
+  for root in "${roots[@]}"; do
+    for candidate in "$root"/3.12*/bin/python3.12; do
+      [ -x "$candidate" ] && { echo "$candidate"; return 0; }
+    done
+  done
+  return 1
+}
+
+if ! python=$(find_python312); then
+  echo "setup: no Python 3.12 found (looked at \$PYTHON, python3.12 on PATH and pyenv versions)." >&2
+  echo "setup: jax 0.11 needs Python 3.12; install one (e.g. 'pyenv install 3.12') or set PYTHON=/path/to/python3.12." >&2
+  exit 1
+fi
+echo "setup: using $python ($("$python" --version))"
+[ -x .venv/bin/python ] || "$python" -m venv .venv
+.venv/bin/python -m pip install --quiet --upgrade pip
+.venv/bin/python -m pip install --quiet -r requirements.txt
+echo "setup: done. Run the tests with: .venv/bin/python -m pytest"

@@ -1,0 +1,1 @@
+"""seqmodels: pretraining and ablating long-context sequence models with memory, in JAX."""
