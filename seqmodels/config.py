@@ -1,0 +1,238 @@
+"""The configuration schema: typed, frozen dataclasses with a one-line description per field.
+
+A run is described by one ``Config`` (sections ``model``, ``data``, ``optim``, ``train``, ``mesh``,
+``checkpoint``, ``log``). ``seqmodels.config_io.load_config`` builds it from a YAML file that states
+only what differs from these defaults, plus dotted command-line overrides (``train.steps=20``).
+Every section validates its values in ``__post_init__`` and raises ``ConfigError`` naming the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+
+class ConfigError(ValueError):
+    """A configuration value or key is wrong; the message names the key and what was expected."""
+
+
+def describe(text: str, default=dataclasses.MISSING, factory=dataclasses.MISSING):
+    """A dataclass field with a one-line description, shown by ``python train.py --help-config``."""
+    if factory is not dataclasses.MISSING:
+        return field(default_factory=factory, metadata={"help": text})
+    return field(default=default, metadata={"help": text})
+
+
+def _require(ok: bool, key: str, message: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}: {message}")
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    """Settings shared by the attention mixers (``attention`` and ``swa``)."""
+
+    num_kv_heads: int = describe("key/value heads (grouped-query attention); 0 = model.num_heads", 0)
+    rope_theta: float = describe("rotary embedding base", 10000.0)
+    qk_norm: bool = describe("RMS-normalise queries and keys per head before the dot product", False)
+    implementation: str = describe("dot_product_attention backend: auto | xla | cudnn", "auto")
+
+    def __post_init__(self):
+        _require(self.num_kv_heads >= 0, "model.attention.num_kv_heads", "must be >= 0")
+        _require(self.rope_theta > 0, "model.attention.rope_theta", "must be > 0")
+        _require(self.implementation in ("auto", "xla", "cudnn"), "model.attention.implementation",
+                 f"must be auto, xla or cudnn, got {self.implementation!r}")
+
+
+@dataclass(frozen=True)
+class SlidingWindowConfig:
+    """The ``swa`` mixer: causal attention over the last ``window`` tokens plus ``num_sinks`` sink tokens."""
+
+    window: int = describe("tokens each query sees, itself included", 256)
+    num_sinks: int = describe("first tokens of each document every query also sees (attention sinks)", 0)
+
+    def __post_init__(self):
+        _require(self.window >= 1, "model.swa.window", f"must be >= 1, got {self.window}")
+        _require(self.num_sinks >= 0, "model.swa.num_sinks", f"must be >= 0, got {self.num_sinks}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A decoder language model assembled from a list of mixers, each followed by a SwiGLU MLP."""
+
+    vocab_size: int = describe("embedding rows; must cover the tokenizer's vocabulary", 320)
+    d_model: int = describe("residual stream width", 128)
+    num_heads: int = describe("attention / mixer heads", 4)
+    mixers: tuple[str, ...] = describe(
+        "mixer of each layer, a list or an expression like '[swa, attention] * 4'",
+        factory=lambda: ("attention",) * 4)
+    d_ff: int = describe("SwiGLU hidden width; 0 = 8/3 * d_model rounded up to a multiple of 64", 0)
+    norm_eps: float = describe("RMSNorm epsilon", 1e-6)
+    tie_embeddings: bool = describe("share the input embedding with the output head", True)
+    max_seq_len: int = describe("longest sequence the model accepts (training rows and decoding)", 4096)
+    compute_dtype: str = describe("activation / matmul dtype: float32 | bfloat16 (params stay float32)",
+                                  "float32")
+    remat: str = describe("rematerialisation per layer: none | full | dots | names", "none")
+    init_std: float = describe("standard deviation of the normal initialiser of weights", 0.02)
+    attention: AttentionConfig = describe("attention settings", factory=AttentionConfig)
+    swa: SlidingWindowConfig = describe("sliding-window attention settings", factory=SlidingWindowConfig)
+
+    def __post_init__(self):
+        for key in ("vocab_size", "d_model", "num_heads", "max_seq_len"):
+            _require(getattr(self, key) >= 1, f"model.{key}", f"must be >= 1, got {getattr(self, key)}")
+        _require(self.d_ff >= 0, "model.d_ff", f"must be >= 0, got {self.d_ff}")
+        _require(self.d_model % self.num_heads == 0, "model.d_model",
+                 f"{self.d_model} is not divisible by model.num_heads={self.num_heads}")
+        kv_heads = self.attention.num_kv_heads or self.num_heads
+        _require(self.num_heads % kv_heads == 0, "model.attention.num_kv_heads",
+                 f"{kv_heads} does not divide model.num_heads={self.num_heads}")
+        _require(len(self.mixers) >= 1, "model.mixers", "needs at least one layer")
+        _require(self.compute_dtype in ("float32", "bfloat16"), "model.compute_dtype",
+                 f"must be float32 or bfloat16, got {self.compute_dtype!r}")
+        _require(self.remat in ("none", "full", "dots", "names"), "model.remat",
+                 f"must be none, full, dots or names, got {self.remat!r}")
+        _require(self.init_std > 0, "model.init_std", "must be > 0")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.num_heads
+
+    @property
+    def mlp_hidden(self) -> int:
+        if self.d_ff:
+            return self.d_ff
+        return -(-(8 * self.d_model // 3) // 64) * 64
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where tokens come from and how they are packed into rows."""
+
+    source: str = describe("stdlib (Python's own source files, on every machine) | text_files | arrayrecord",
+                           "stdlib")
+    path: str = describe("glob of text files (text_files) or ArrayRecord shards (arrayrecord)", "")
+    tokenizer: str = describe("byte (UTF-8 bytes + an end-of-document token)", "byte")
+    seq_len: int = describe("tokens per training row", 256)
+    heldout_fraction: float = describe("share of documents held out for evaluation (chosen by hash)", 0.02)
+    max_documents: int = describe("use at most this many documents; 0 = all", 0)
+    seed: int = describe("seed of the document shuffle", 0)
+
+    def __post_init__(self):
+        _require(self.source in ("stdlib", "text_files", "arrayrecord"), "data.source",
+                 f"must be stdlib, text_files or arrayrecord, got {self.source!r}")
+        _require(self.source == "stdlib" or bool(self.path), "data.path",
+                 f"data.source={self.source} needs data.path (a glob of files)")
+        _require(self.tokenizer == "byte", "data.tokenizer", f"must be byte, got {self.tokenizer!r}")
+        _require(self.seq_len >= 1, "data.seq_len", f"must be >= 1, got {self.seq_len}")
+        _require(0.0 < self.heldout_fraction < 1.0, "data.heldout_fraction",
+                 f"must be in (0, 1), got {self.heldout_fraction}")
+        _require(self.max_documents >= 0, "data.max_documents", "must be >= 0")
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """Optimizer and learning-rate schedule (linear warm-up, then cosine/linear decay or constant)."""
+
+    name: str = describe("adamw | muon", "adamw")
+    learning_rate: float = describe("peak learning rate", 3e-3)
+    warmup_steps: int = describe("linear warm-up steps from 0 to the peak", 50)
+    schedule: str = describe("after warm-up: cosine | linear | constant", "cosine")
+    min_lr_ratio: float = describe("final learning rate as a fraction of the peak", 0.1)
+    weight_decay: float = describe("decoupled weight decay (not applied to norms, biases, embeddings)", 0.1)
+    b1: float = describe("Adam beta1", 0.9)
+    b2: float = describe("Adam beta2", 0.95)
+    eps: float = describe("Adam epsilon", 1e-8)
+    grad_clip: float = describe("clip the global gradient norm to this; 0 = no clipping", 1.0)
+
+    def __post_init__(self):
+        _require(self.name in ("adamw", "muon"), "optim.name", f"must be adamw or muon, got {self.name!r}")
+        _require(self.learning_rate > 0, "optim.learning_rate", "must be > 0")
+        _require(self.warmup_steps >= 0, "optim.warmup_steps", "must be >= 0")
+        _require(self.schedule in ("cosine", "linear", "constant"), "optim.schedule",
+                 f"must be cosine, linear or constant, got {self.schedule!r}")
+        _require(0.0 <= self.min_lr_ratio <= 1.0, "optim.min_lr_ratio", "must be in [0, 1]")
+        _require(self.weight_decay >= 0, "optim.weight_decay", "must be >= 0")
+        _require(0.0 <= self.b1 < 1.0 and 0.0 <= self.b2 < 1.0, "optim.b1/b2", "must be in [0, 1)")
+        _require(self.grad_clip >= 0, "optim.grad_clip", "must be >= 0")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The training loop."""
+
+    steps: int = describe("optimizer steps", 300)
+    batch_size: int = describe("sequences per optimizer step, over all devices and micro-batches", 16)
+    grad_accum: int = describe("micro-batches per step (batch_size must be divisible by it)", 1)
+    seed: int = describe("seed of parameter initialisation", 0)
+    run_dir: str = describe("directory of checkpoints, logs and the resolved config", "runs/default")
+
+    def __post_init__(self):
+        _require(self.steps >= 1, "train.steps", f"must be >= 1, got {self.steps}")
+        _require(self.batch_size >= 1, "train.batch_size", f"must be >= 1, got {self.batch_size}")
+        _require(self.grad_accum >= 1, "train.grad_accum", f"must be >= 1, got {self.grad_accum}")
+        _require(self.batch_size % self.grad_accum == 0, "train.batch_size",
+                 f"{self.batch_size} is not divisible by train.grad_accum={self.grad_accum}")
+        _require(bool(self.run_dir), "train.run_dir", "must not be empty")
+
+
+@dataclass(frozen=True)
+class MeshConfig:
+    """Device mesh. Sizes multiply to the device count; one of them may be -1 (fill)."""
+
+    data: int = describe("data-parallel axis size (-1 = all remaining devices)", -1)
+    fsdp: int = describe("fully-sharded data-parallel axis size (parameters sharded, batch split)", 1)
+    tensor: int = describe("tensor-parallel axis size (heads / MLP hidden / vocab split)", 1)
+
+    def __post_init__(self):
+        sizes = (self.data, self.fsdp, self.tensor)
+        _require(all(s == -1 or s >= 1 for s in sizes), "mesh", f"sizes must be >= 1 or -1, got {sizes}")
+        _require(sizes.count(-1) <= 1, "mesh", f"at most one size may be -1, got {sizes}")
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """orbax checkpoints of the train state and the data-iterator state."""
+
+    every_steps: int = describe("save every this many steps (and always at the end or on SIGTERM)", 100)
+    keep: int = describe("keep the last this many checkpoints", 3)
+    async_save: bool = describe("write checkpoints in the background", True)
+    resume: bool = describe("resume from the latest checkpoint in train.run_dir if there is one", True)
+
+    def __post_init__(self):
+        _require(self.every_steps >= 1, "checkpoint.every_steps", "must be >= 1")
+        _require(self.keep >= 1, "checkpoint.keep", "must be >= 1")
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    """Metrics: TensorBoard event files, a JSONL log, a progress bar."""
+
+    every_steps: int = describe("write metrics every this many steps", 10)
+    tensorboard: bool = describe("write TensorBoard event files under run_dir/tb", True)
+    progress: str = describe("progress bar: auto (on a terminal) | always | never", "auto")
+    peak_flops_per_device: float = describe(
+        "peak FLOP/s of one device for MFU; 0 = known table, or measured matmul rate on CPU", 0.0)
+
+    def __post_init__(self):
+        _require(self.every_steps >= 1, "log.every_steps", "must be >= 1")
+        _require(self.progress in ("auto", "always", "never"), "log.progress",
+                 f"must be auto, always or never, got {self.progress!r}")
+        _require(self.peak_flops_per_device >= 0, "log.peak_flops_per_device", "must be >= 0")
+
+
+@dataclass(frozen=True)
+class Config:
+    """One run: every section of the configuration."""
+
+    model: ModelConfig = describe("the model", factory=ModelConfig)
+    data: DataConfig = describe("the data", factory=DataConfig)
+    optim: OptimConfig = describe("the optimizer", factory=OptimConfig)
+    train: TrainConfig = describe("the loop", factory=TrainConfig)
+    mesh: MeshConfig = describe("the device mesh", factory=MeshConfig)
+    checkpoint: CheckpointConfig = describe("checkpoints", factory=CheckpointConfig)
+    log: LogConfig = describe("metrics", factory=LogConfig)
+
+    def __post_init__(self):
+        _require(self.data.seq_len <= self.model.max_seq_len, "data.seq_len",
+                 f"{self.data.seq_len} exceeds model.max_seq_len={self.model.max_seq_len}; "
+                 "raise model.max_seq_len or shorten data.seq_len")
