@@ -125,9 +125,9 @@ class DocumentSplit:
     def describe(self) -> str:
         """One line for the training log."""
         if isinstance(self.train, FileDocuments):
-            size = f"{(self.train.num_bytes + self.heldout.num_bytes) / 1e6:.1f} MB"
+            size = f"{self.train.num_bytes + self.heldout.num_bytes:,} bytes"
         else:
-            size = f"{self.train.num_bytes / 1e6:.1f} MB of shards"
+            size = f"{self.train.num_bytes:,} bytes of shards"
         return (f"data: {self.source} ({self.location}): {len(self.train)} train / "
                 f"{len(self.heldout)} held-out documents, {size}")
 
@@ -147,6 +147,10 @@ def split_indices(identities: Sequence[str], heldout_fraction: float) -> tuple[n
     if len(scores) >= 2 and heldout.all():
         heldout[np.argmax(scores)] = False
     return np.flatnonzero(~heldout), np.flatnonzero(heldout)
+
+
+def _cwd_note(pattern: str) -> str:
+    return "" if os.path.isabs(os.path.expanduser(pattern)) else f" (relative to {os.getcwd()})"
 
 
 def _list_files(root: str, pattern: str) -> list[str]:
@@ -199,7 +203,7 @@ def text_file_documents(pattern: str, origin: str | None = None) -> FileDocument
     relative_pattern = os.path.relpath(os.path.expanduser(pattern), root or ".")
     relative_paths = _list_files(root, relative_pattern)
     if not relative_paths:
-        raise DataError(f"{origin}: no file matches this glob (relative to {os.getcwd()})")
+        raise DataError(f"{origin}: no file matches this glob{_cwd_note(pattern)}")
     return _non_empty(root, relative_paths, origin)
 
 
@@ -212,7 +216,7 @@ def arrayrecord_documents(pattern: str) -> RecordDocuments:
     shards = sorted(p for p in glob.glob(os.path.expanduser(pattern), recursive=True)
                     if os.path.isfile(p))
     if not shards:
-        raise DataError(f"{origin}: no shard matches this glob (relative to {os.getcwd()}); "
+        raise DataError(f"{origin}: no shard matches this glob{_cwd_note(pattern)}; "
                         "write shards with `python -m seqmodels.data.prepare`")
     ranges = []
     for shard in shards:

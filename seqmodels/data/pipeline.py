@@ -94,18 +94,27 @@ def train_document_stream(documents: Documents, *, seed: int, process_index: int
 
 
 def make_train_dataset(cfg: DataConfig, *, batch_size: int, process_index: int = 0,
-                       process_count: int = 1) -> grain.IterDataset:
-    """The infinite training batches of one process (see the module docstring)."""
+                       process_count: int = 1, prefetch_batches: int = 0) -> grain.IterDataset:
+    """The infinite training batches of one process (see the module docstring).
+
+    ``process_index`` / ``process_count`` are ``jax.process_index()`` / ``jax.process_count()``
+    in a multi-host run (grain's checkpoint handler names each state file by them).
+    ``prefetch_batches`` > 0 prepares that many batches ahead in a background thread; the saved
+    state still points at the next batch the caller receives, so resuming stays exact.
+    """
     _check_batching(batch_size, process_index, process_count)
-    split = load_documents(cfg)
-    if not len(split.train):
-        raise DataError(f"data.path={cfg.path!r} (data.source={cfg.source!r}): no training "
-                        "documents after the held-out split")
+    if not isinstance(prefetch_batches, int) or prefetch_batches < 0:
+        raise ValueError(f"prefetch_batches must be an int >= 0, got {prefetch_batches!r}")
+    split = load_documents(cfg)  # never leaves train empty: a lone document goes to train
     stream = train_document_stream(split.train, seed=cfg.seed, process_index=process_index,
                                    process_count=process_count)
     stream = stream.map(FrameDocument(get_tokenizer(cfg.tokenizer)))
-    return pack_and_batch(stream.to_iter_dataset(_READ_OPTIONS), seq_len=cfg.seq_len,
-                          batch_size=batch_size)
+    batches = pack_and_batch(stream.to_iter_dataset(_READ_OPTIONS), seq_len=cfg.seq_len,
+                             batch_size=batch_size)
+    if prefetch_batches:
+        batches = grain.experimental.ThreadPrefetchIterDataset(
+            batches, prefetch_buffer_size=prefetch_batches)
+    return batches
 
 
 def make_eval_batches(cfg: DataConfig, *, batch_size: int, max_batches: int) -> list[dict]:

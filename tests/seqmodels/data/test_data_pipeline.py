@@ -130,14 +130,17 @@ def test_eval_without_heldout_documents_names_the_key(tmp_path):
         make_eval_batches(cfg, batch_size=2, max_batches=1)
 
 
-@pytest.mark.parametrize("skip", [0, 7])
-def test_resuming_from_a_saved_state_replays_the_same_batches_bitwise(skip):
-    dataset = make_train_dataset(DataConfig(seq_len=64, seed=3), batch_size=BATCH)
-    iterator = iter(dataset)
+@pytest.mark.parametrize("skip, prefetch_batches", [(0, 0), (7, 0), (7, 3)])
+def test_resuming_from_a_saved_state_replays_the_same_batches_bitwise(skip, prefetch_batches):
+    def batches():
+        return make_train_dataset(DataConfig(seq_len=64, seed=3), batch_size=BATCH,
+                                  prefetch_batches=prefetch_batches)
+
+    iterator = iter(batches())
     take(iterator, skip)
     state = json.loads(json.dumps(iterator.get_state()))
     expected = take(iterator, 5)
-    resumed = iter(make_train_dataset(DataConfig(seq_len=64, seed=3), batch_size=BATCH))
+    resumed = iter(batches())
     resumed.set_state(state)
     assert_same_batches(take(resumed, 5), expected)
 
@@ -168,7 +171,7 @@ def test_describe_source_reports_counts_and_size():
     line = describe_source(cfg)
     assert line.startswith("data: stdlib (") and "\n" not in line
     assert f"{len(split.train)} train / {len(split.heldout)} held-out documents" in line
-    assert line.endswith(" MB")
+    assert line.endswith(f", {split.train.num_bytes + split.heldout.num_bytes:,} bytes")
 
 
 def test_invalid_batching_arguments_are_named():
@@ -176,5 +179,7 @@ def test_invalid_batching_arguments_are_named():
         make_train_dataset(DataConfig(), batch_size=0)
     with pytest.raises(ValueError, match=r"process_index must be an int in \[0, 2\), got 2"):
         make_train_dataset(DataConfig(), batch_size=1, process_index=2, process_count=2)
+    with pytest.raises(ValueError, match="prefetch_batches must be an int >= 0, got -1"):
+        make_train_dataset(DataConfig(), batch_size=1, prefetch_batches=-1)
     with pytest.raises(ValueError, match="max_batches must be an int >= 1"):
         make_eval_batches(DataConfig(), batch_size=1, max_batches=0)
