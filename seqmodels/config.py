@@ -66,6 +66,7 @@ class ModelConfig:
     mixers: tuple[str, ...] = describe(
         "mixer of each layer, a list or an expression like '[swa, attention] * 4'",
         factory=lambda: ("attention",) * 4)
+    mlp: bool = describe("a SwiGLU MLP after every mixer (Transformer++ layout)", True)
     d_ff: int = describe("SwiGLU hidden width; 0 = 8/3 * d_model rounded up to a multiple of 64", 0)
     norm_eps: float = describe("RMSNorm epsilon", 1e-6)
     tie_embeddings: bool = describe("share the input embedding with the output head", True)
@@ -111,7 +112,7 @@ class DataConfig:
     source: str = describe("stdlib (Python's own source files, on every machine) | text_files | arrayrecord",
                            "stdlib")
     path: str = describe("glob of text files (text_files) or ArrayRecord shards (arrayrecord)", "")
-    tokenizer: str = describe("byte (UTF-8 bytes + an end-of-document token)", "byte")
+    tokenizer: str = describe("byte (UTF-8 bytes + begin- and end-of-document tokens)", "byte")
     seq_len: int = describe("tokens per training row", 256)
     heldout_fraction: float = describe("share of documents held out for evaluation (chosen by hash)", 0.02)
     max_documents: int = describe("use at most this many documents; 0 = all", 0)
@@ -163,6 +164,8 @@ class TrainConfig:
     steps: int = describe("optimizer steps", 300)
     batch_size: int = describe("sequences per optimizer step, over all devices and micro-batches", 16)
     grad_accum: int = describe("micro-batches per step (batch_size must be divisible by it)", 1)
+    exit_at_step: int = describe(
+        "checkpoint and stop after this step though train.steps is larger (time-limited jobs); 0 = off", 0)
     seed: int = describe("seed of parameter initialisation", 0)
     run_dir: str = describe("directory of checkpoints, logs and the resolved config", "runs/default")
 
@@ -172,6 +175,8 @@ class TrainConfig:
         _require(self.grad_accum >= 1, "train.grad_accum", f"must be >= 1, got {self.grad_accum}")
         _require(self.batch_size % self.grad_accum == 0, "train.batch_size",
                  f"{self.batch_size} is not divisible by train.grad_accum={self.grad_accum}")
+        _require(0 <= self.exit_at_step <= self.steps, "train.exit_at_step",
+                 f"must be in [0, train.steps={self.steps}], got {self.exit_at_step}")
         _require(bool(self.run_dir), "train.run_dir", "must not be empty")
 
 

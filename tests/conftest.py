@@ -4,3 +4,40 @@ import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# Programs compiled once are reused across tests and the subprocesses they start.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(os.path.dirname(__file__), "..", ".jax_cache"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
+
+import random  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+def write_corpus(directory, num_files: int = 24, seed: int = 0):
+    """Small deterministic text documents (made-up Python-like lines) under ``directory``."""
+    rng = random.Random(seed)
+    words = ["def", "return", "value", "index", "for", "in", "range", "if", "else", "self", "data", "x", "y"]
+    directory.mkdir(parents=True, exist_ok=True)
+    for i in range(num_files):
+        lines = [" ".join(rng.choice(words) for _ in range(rng.randint(2, 8))) for _ in range(rng.randint(3, 30))]
+        (directory / f"doc_{i:03d}.txt").write_text("\n".join(lines) + "\n")
+    return directory
+
+
+@pytest.fixture
+def tiny_corpus(tmp_path):
+    """A glob over a generated corpus of 24 small text files."""
+    return str(write_corpus(tmp_path / "corpus") / "*.txt")
+
+
+def tiny_overrides(run_dir, corpus_glob, **extra):
+    """Overrides of a model and run small enough to train in seconds on CPU."""
+    values = {
+        "model.d_model": 32, "model.num_heads": 2, "model.mixers": "[attention] * 2", "model.max_seq_len": 64,
+        "data.source": "text_files", "data.path": corpus_glob, "data.seq_len": 32, "data.heldout_fraction": 0.2,
+        "train.batch_size": 8, "train.steps": 20, "train.run_dir": str(run_dir),
+        "optim.warmup_steps": 2, "log.every_steps": 1, "log.progress": "never", "log.tensorboard": True,
+        "checkpoint.every_steps": 5, "checkpoint.async_save": False,
+    }
+    values.update({k.replace("__", "."): v for k, v in extra.items()})
+    return [f"{k}={v}" for k, v in values.items()]

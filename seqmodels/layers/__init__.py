@@ -1,0 +1,1 @@
+"""Shared building blocks: parameters with logical axes, dense maps, norms, rotary, MLP, attention."""

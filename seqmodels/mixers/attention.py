@@ -1,0 +1,115 @@
+"""Softmax attention mixers: ``attention`` (causal, full context) and ``swa`` (sliding window + sinks).
+
+Per head h, with RoPE applied to queries and keys at per-document positions:
+
+    q_t = R(t) W_q x_t,  k_s = R(s) W_k x_s,  v_s = W_v x_s
+    y_t = W_o concat_h( sum_{s visible from t} softmax_s(q_t . k_s / sqrt(D)) v_s )
+
+Keys/values may have fewer heads than queries (grouped-query attention, ``num_kv_heads``); which
+keys are visible is the rule of ``seqmodels.layers.attention``. Transformer++ is this mixer in every
+layer, each followed by a SwiGLU MLP, pre-RMSNorm.
+
+FLOPs per token (forward): projections ``2 D (2 H Dh + 2 Hkv Dh)`` plus scores and values
+``4 H Dh * mean_visible_keys``, where ``mean_visible_keys`` is ``(T + 1) / 2`` for causal attention
+over a row of T tokens, and the mean of ``min(t + 1, window + sinks)`` for a sliding window.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
+
+from seqmodels.config import ModelConfig
+from seqmodels.layers.attention import (attend, cache_capacity, init_kv_cache, update_kv_cache,
+                                        visibility_mask)
+from seqmodels.layers.common import Dense, DenseOut
+from seqmodels.layers.norms import RMSNorm
+from seqmodels.layers.rotary import apply_rotary
+from seqmodels.mixers.registry import register
+from seqmodels.sharding import constrain
+
+
+class Attention(nnx.Module):
+    """Causal multi-head attention; ``window=None`` for full context, else sliding window + sinks."""
+
+    def __init__(self, config: ModelConfig, *, window: int | None, num_sinks: int, rngs: nnx.Rngs):
+        heads, head_dim = config.num_heads, config.head_dim
+        kv_heads = config.attention.num_kv_heads or heads
+        self.window, self.num_sinks = window, num_sinks
+        self.rope_theta = config.attention.rope_theta
+        self.implementation = config.attention.implementation
+        self.kv_heads, self.head_dim = kv_heads, head_dim
+        std = config.init_std
+        self.query = Dense(config.d_model, (heads, head_dim), "embed", ("heads", "head_dim"), rngs=rngs, std=std)
+        self.key = Dense(config.d_model, (kv_heads, head_dim), "embed", ("kv_heads", "head_dim"), rngs=rngs, std=std)
+        self.value = Dense(config.d_model, (kv_heads, head_dim), "embed", ("kv_heads", "head_dim"), rngs=rngs,
+                           std=std)
+        self.out = DenseOut((heads, head_dim), config.d_model, ("heads", "head_dim"), "embed", rngs=rngs, std=std)
+        self.q_norm = RMSNorm(head_dim, eps=config.norm_eps, axis_name="head_dim") if config.attention.qk_norm else None
+        self.k_norm = RMSNorm(head_dim, eps=config.norm_eps, axis_name="head_dim") if config.attention.qk_norm else None
+
+    def _project(self, x, positions):
+        q, k, v = self.query(x), self.key(x), self.value(x)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = apply_rotary(q, positions, self.rope_theta)
+        k = apply_rotary(k, positions, self.rope_theta)
+        q = constrain(q, ("batch", "seq", "heads", "head_dim"))
+        k = constrain(k, ("batch", "seq", "kv_heads", "head_dim"))
+        v = constrain(v, ("batch", "seq", "kv_heads", "head_dim"))
+        return checkpoint_name(q, "query"), checkpoint_name(k, "key"), checkpoint_name(v, "value")
+
+    def __call__(self, x, *, segment_ids=None, positions=None, cache=None):
+        batch, length = x.shape[:2]
+        if positions is None:
+            positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
+        q, k, v = self._project(x, positions)
+        rule = dict(window=self.window, num_sinks=self.num_sinks)
+        if cache is not None:
+            ones = jnp.ones((batch, length), jnp.int32)
+            keys = jnp.concatenate([cache["k"], k.astype(cache["k"].dtype)], axis=1)
+            values = jnp.concatenate([cache["v"], v.astype(cache["v"].dtype)], axis=1)
+            k_positions = jnp.concatenate([cache["positions"], positions], axis=1)
+            k_segments = jnp.concatenate([(cache["positions"] >= 0).astype(jnp.int32), ones], axis=1)
+            mask = visibility_mask(ones, positions, k_segments, k_positions, **rule)
+            out = attend(q, keys.astype(q.dtype), values.astype(q.dtype), mask, implementation=self.implementation)
+            cache = update_kv_cache(cache, k, v, positions, **rule)
+        elif segment_ids is None and self.num_sinks == 0:
+            out = attend(q, k, v, causal_window=self.window, implementation=self.implementation)
+        else:
+            segments = jnp.ones((batch, length), jnp.int32) if segment_ids is None else segment_ids
+            mask = visibility_mask(segments, positions, segments, positions, **rule)
+            out = attend(q, k, v, mask, implementation=self.implementation)
+        out = checkpoint_name(constrain(out, ("batch", "seq", "heads", "head_dim")), "attention_out")
+        return self.out(out), cache
+
+    def init_cache(self, batch_size: int, max_len: int, dtype=jnp.float32) -> dict:
+        capacity = cache_capacity(max_len, self.window, self.num_sinks)
+        return init_kv_cache(batch_size, capacity, self.kv_heads, self.head_dim, dtype)
+
+
+def mean_visible_keys(seq_len: int, window: int | None, num_sinks: int = 0) -> float:
+    """Mean over positions t < seq_len of the keys a causal query sees."""
+    if window is None:
+        return (seq_len + 1) / 2
+    limit = window + num_sinks
+    full = min(seq_len, limit)
+    return (full * (full + 1) / 2 + (seq_len - full) * limit) / seq_len
+
+
+def _flops(config: ModelConfig, seq_len: int, window: int | None, num_sinks: int) -> float:
+    heads, head_dim = config.num_heads, config.head_dim
+    kv_heads = config.attention.num_kv_heads or heads
+    projections = 2 * config.d_model * (2 * heads * head_dim + 2 * kv_heads * head_dim)
+    return projections + 4 * heads * head_dim * mean_visible_keys(seq_len, window, num_sinks)
+
+
+register("attention",
+         lambda config, rngs: Attention(config, window=None, num_sinks=0, rngs=rngs),
+         lambda config, seq_len: _flops(config, seq_len, None, 0))
+register("swa",
+         lambda config, rngs: Attention(config, window=config.swa.window, num_sinks=config.swa.num_sinks,
+                                        rngs=rngs),
+         lambda config, seq_len: _flops(config, seq_len, config.swa.window, config.swa.num_sinks))

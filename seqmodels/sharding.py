@@ -1,0 +1,111 @@
+"""Meshes, logical axis names and the one rules table that maps them to mesh axes.
+
+Model code names *logical* axes only (``batch``, ``embed``, ``heads`` ...): parameters carry them as
+``logical_axes`` metadata (see ``seqmodels.layers.common.param``) and activations are constrained
+with ``constrain(x, ("batch", "seq", "embed"))``. ``RULES`` below is the only place that says which
+mesh axis (``data``, ``fsdp``, ``tensor``) a logical axis is split over:
+
+    batch      -> (data, fsdp)   sequences are split over every data-parallel axis
+    embed      -> fsdp           parameters are sharded over fsdp on their model dimension
+    mlp, heads, kv_heads, vocab -> tensor
+    everything else (seq, head_dim, state, conv, layers, ...) -> replicated
+
+A dimension whose size the mesh axes do not divide is left replicated (``logical_spec`` with
+``shape``), so small models still run on large meshes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+from flax import nnx
+from flax.nnx import traversals
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+RULES: dict[str, tuple[str, ...]] = {
+    "batch": ("data", "fsdp"),
+    "embed": ("fsdp",),
+    "mlp": ("tensor",),
+    "heads": ("tensor",),
+    "kv_heads": ("tensor",),
+    "vocab": ("tensor",),
+}
+
+
+def make_mesh(mesh_config, devices: Sequence | None = None) -> Mesh:
+    """A ``(data, fsdp, tensor)`` mesh over ``devices`` (default: all); one size may be -1 (fill)."""
+    devices = list(jax.devices() if devices is None else devices)
+    sizes = [mesh_config.data, mesh_config.fsdp, mesh_config.tensor]
+    known = int(np.prod([s for s in sizes if s != -1]))
+    if -1 in sizes:
+        if len(devices) % known:
+            raise ValueError(f"mesh: {len(devices)} devices cannot be split into {sizes}")
+        sizes[sizes.index(-1)] = len(devices) // known
+    if int(np.prod(sizes)) != len(devices):
+        raise ValueError(f"mesh: sizes data={sizes[0]} fsdp={sizes[1]} tensor={sizes[2]} multiply to "
+                         f"{int(np.prod(sizes))}, but there are {len(devices)} devices")
+    device_grid = np.asarray(devices).reshape(sizes)
+    return Mesh(device_grid, MESH_AXES)
+
+
+def logical_spec(names: Sequence[str | None], shape: Sequence[int] | None = None,
+                 mesh: Mesh | None = None) -> PartitionSpec:
+    """PartitionSpec for logical axis ``names``; with ``shape`` and ``mesh``, skip splits that do not divide.
+
+    A mesh axis is used at most once per spec: the first logical axis that claims it gets it.
+    """
+    used: set[str] = set()
+    spec = []
+    for i, name in enumerate(names):
+        axes = [a for a in RULES.get(name, ()) if a not in used] if name else []
+        if mesh is not None:
+            axes = [a for a in axes if mesh.shape[a] > 1]
+        if shape is not None and mesh is not None and axes:
+            if shape[i] % int(np.prod([mesh.shape[a] for a in axes])):
+                axes = []
+        used.update(axes)
+        spec.append(tuple(axes) if len(axes) > 1 else (axes[0] if axes else None))
+    return PartitionSpec(*spec)
+
+
+def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
+    """``with_sharding_constraint`` by logical names under the mesh set by ``jax.set_mesh``; else ``x``."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.size == 1:
+        return x
+    return jax.lax.with_sharding_constraint(x, logical_spec(names, x.shape, mesh))
+
+
+def kernel_spec(names: Sequence[str | None], shape: Sequence[int]) -> PartitionSpec | None:
+    """The ``partition_spec`` a ``pallas_kernels`` op needs for an input of logical ``names``, or None off-mesh."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.size == 1:
+        return None
+    return logical_spec(names, shape, mesh)
+
+
+def _logical_axes(variable: nnx.Variable, path) -> tuple:
+    axes = variable.get_metadata().get("logical_axes")
+    if axes is None or len(axes) != np.ndim(variable.get_value()):
+        raise ValueError(f"parameter {'/'.join(map(str, path))} of shape {np.shape(variable.get_value())} "
+                         f"has logical_axes={axes}; every parameter needs one logical axis name per dimension "
+                         "(create it with seqmodels.layers.common.param)")
+    return tuple(axes)
+
+
+def param_shardings(state: nnx.State, mesh: Mesh) -> dict:
+    """NamedShardings for every parameter of ``state`` (an ``nnx.State``), as a pure nested dict."""
+    shardings = {}
+    for path, variable in nnx.to_flat_state(state):
+        spec = logical_spec(_logical_axes(variable, path), np.shape(variable.get_value()), mesh)
+        shardings[path] = NamedSharding(mesh, spec)
+    return traversals.unflatten_mapping(shardings)
+
+
+def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
+    """Sharding of a ``[batch, seq, ...]`` input array: batch over the data-parallel axes."""
+    return NamedSharding(mesh, logical_spec(("batch",) + (None,) * (ndim - 1)))

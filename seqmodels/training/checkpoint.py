@@ -1,0 +1,92 @@
+"""orbax checkpoints holding the train state, the data-iterator state and the resolved config.
+
+Layout: ``run_dir/checkpoints/<step>/{params, opt_state, meta, data, config}``. ``params`` is its
+own item so evaluation and export restore parameters alone. Saves are atomic (orbax writes to a
+temporary directory and renames) and, when ``checkpoint.async_save``, run in the background.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import grain
+import jax
+import orbax.checkpoint as ocp
+
+from seqmodels.config import CheckpointConfig
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is missing, or belongs to another architecture."""
+
+
+def architecture_differences(saved: dict, current: dict, prefix: str = "model") -> list[str]:
+    """Dotted keys whose values differ between two ``model`` config dicts."""
+    keys = sorted(set(saved) | set(current))
+    diffs = []
+    for key in keys:
+        a, b = saved.get(key), current.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            diffs += architecture_differences(a, b, f"{prefix}.{key}")
+        elif a != b:
+            diffs.append(f"{prefix}.{key}: checkpoint has {a!r}, config has {b!r}")
+    return diffs
+
+
+class Checkpointer:
+    def __init__(self, run_dir, config: CheckpointConfig):
+        self.directory = Path(run_dir).absolute() / "checkpoints"
+        options = ocp.CheckpointManagerOptions(max_to_keep=config.keep, create=True,
+                                               enable_async_checkpointing=config.async_save)
+        self.manager = ocp.CheckpointManager(self.directory, options=options)
+
+    def latest_step(self) -> int | None:
+        return self.manager.latest_step()
+
+    def save(self, step: int, state: dict, data_iterator, config_dict: dict) -> None:
+        items = dict(params=ocp.args.StandardSave(state["params"]),
+                     opt_state=ocp.args.StandardSave(state["opt_state"]),
+                     meta=ocp.args.JsonSave({"step": int(step)}),
+                     config=ocp.args.JsonSave(config_dict))
+        if data_iterator is not None:
+            items["data"] = grain.checkpoint.CheckpointSave(data_iterator)
+        self.manager.save(step, args=ocp.args.Composite(**items), force=True)
+
+    def read_config(self, step: int) -> dict:
+        return self.manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore())).config
+
+    def check_architecture(self, step: int, model_config_dict: dict) -> None:
+        """Raise ``CheckpointError`` listing every model key where the checkpoint differs."""
+        saved = self.read_config(step)["model"]
+        diffs = architecture_differences(saved, model_config_dict)
+        if diffs:
+            raise CheckpointError(
+                f"the checkpoint at step {step} in {self.directory} belongs to another architecture: "
+                + "; ".join(diffs) + ". Use another train.run_dir, or the model config it was trained with.")
+
+    def restore_params(self, step: int, abstract_params):
+        args = ocp.args.Composite(params=ocp.args.StandardRestore(_abstract(abstract_params)))
+        return self.manager.restore(step, args=args).params
+
+    def restore(self, step: int, abstract_state: dict, data_iterator) -> dict:
+        """Restore the train state (into ``abstract_state``'s shardings) and the data iterator in place."""
+        items = dict(params=ocp.args.StandardRestore(_abstract(abstract_state["params"])),
+                     opt_state=ocp.args.StandardRestore(_abstract(abstract_state["opt_state"])),
+                     meta=ocp.args.JsonRestore())
+        if data_iterator is not None:
+            items["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
+        restored = self.manager.restore(step, args=ocp.args.Composite(**items))
+        step_array = jax.device_put(jax.numpy.asarray(restored.meta["step"], jax.numpy.int32),
+                                    abstract_state["step"].sharding)
+        return {"step": step_array, "params": restored.params, "opt_state": restored.opt_state}
+
+    def wait(self) -> None:
+        self.manager.wait_until_finished()
+
+    def close(self) -> None:
+        self.manager.wait_until_finished()
+        self.manager.close()
+
+
+def _abstract(tree):
+    return jax.tree.map(ocp.utils.to_shape_dtype_struct, tree)

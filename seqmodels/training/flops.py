@@ -1,0 +1,54 @@
+"""Model FLOPs utilisation: achieved training FLOP/s over the devices' peak.
+
+Training FLOPs per token are ``3 x`` the forward FLOPs of ``model.flops_per_token(seq_len)`` (the
+backward pass costs twice the forward); see ``seqmodels.mixers.registry`` for the per-mixer
+formulas. The peak per device comes from ``log.peak_flops_per_device`` if set, else from the
+table below (dense bf16 / fp32 matrix rates from vendor datasheets), else, on CPU, from a
+measured float32 matmul rate, so CPU MFU reads as a share of what this CPU's matmul reaches.
+"""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.numpy as jnp
+
+# device_kind substring -> (bf16 peak, fp32 peak) FLOP/s per device.
+PEAK_FLOPS = {
+    "H200": (989e12, 67e12),
+    "H100": (989e12, 67e12),
+    "A100": (312e12, 19.5e12),
+    "TPU v6": (918e12, 918e12 / 4),
+    "TPU v5p": (459e12, 459e12 / 4),
+    "TPU v5": (197e12, 197e12 / 4),
+    "TPU v4": (275e12, 275e12 / 4),
+}
+
+
+def measured_matmul_flops(size: int = 512, repeats: int = 5) -> float:
+    """FLOP/s of a float32 ``size^3`` matmul on the default device (best of ``repeats``)."""
+    a = jnp.ones((size, size), jnp.float32)
+    matmul = jax.jit(lambda x: x @ x)
+    matmul(a).block_until_ready()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        matmul(a).block_until_ready()
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best
+
+
+def peak_flops_per_device(override: float, compute_dtype: str) -> float:
+    if override > 0:
+        return override
+    kind = jax.devices()[0].device_kind
+    for name, (bf16, fp32) in PEAK_FLOPS.items():
+        if name.lower() in kind.lower():
+            return bf16 if compute_dtype == "bfloat16" else fp32
+    return measured_matmul_flops()
+
+
+def mfu(tokens_per_second: float, forward_flops_per_token: float, peak_per_device: float,
+        num_devices: int) -> float:
+    return 3.0 * forward_flops_per_token * tokens_per_second / (peak_per_device * num_devices)

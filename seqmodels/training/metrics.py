@@ -1,0 +1,54 @@
+"""Metrics sinks: TensorBoard event files (tensorboardX, no TensorFlow), a JSONL log, a progress bar."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from seqmodels.config import LogConfig
+
+
+class MetricsLogger:
+    """``log(step, metrics)`` writes every sink; the progress bar shows loss and tokens/s."""
+
+    def __init__(self, run_dir, config: LogConfig, *, total_steps: int, start_step: int):
+        run_dir = Path(run_dir)
+        self.jsonl = open(run_dir / "metrics.jsonl", "a")
+        self.writer = None
+        if config.tensorboard:
+            from tensorboardX import SummaryWriter
+            self.writer = SummaryWriter(str(run_dir / "tb"))
+        show = config.progress == "always" or (config.progress == "auto" and sys.stderr.isatty())
+        self.bar = None
+        if show:
+            from tqdm import tqdm
+            self.bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True)
+
+    def log(self, step: int, metrics: dict) -> None:
+        record = {"step": step, **{k: float(v) for k, v in metrics.items()}}
+        self.jsonl.write(json.dumps(record) + "\n")
+        self.jsonl.flush()
+        if self.writer is not None:
+            for key, value in metrics.items():
+                self.writer.add_scalar(f"train/{key}", float(value), step)
+            self.writer.flush()
+
+    def advance(self, step: int, loss: float, tokens_per_second: float) -> None:
+        if self.bar is not None:
+            self.bar.n = step
+            self.bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tokens_per_second:,.0f}", refresh=False)
+            self.bar.refresh()
+
+    def message(self, text: str) -> None:
+        if self.bar is not None:
+            self.bar.write(text)
+        else:
+            print(text, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        if self.writer is not None:
+            self.writer.close()
+        self.jsonl.close()

@@ -1,0 +1,95 @@
+"""The training loop end to end: resume after a process exit, divergence, accumulation, metrics."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from conftest import tiny_overrides
+from seqmodels.config_io import load_config
+from seqmodels.evaluation.loading import load_run
+from seqmodels.training.loop import TrainingDiverged, train
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def run_train_process(overrides):
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu")
+    result = subprocess.run([sys.executable, str(ROOT / "train.py"), *overrides], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def logged_losses(run_dir):
+    lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+    return {record["step"]: record["loss"] for record in map(json.loads, lines)}
+
+
+def final_params(run_dir):
+    _, model, step = load_run(run_dir)
+    from flax import nnx
+    return step, nnx.to_pure_dict(nnx.state(model, nnx.Param))
+
+
+@pytest.mark.slow
+def test_resume_after_process_exit_reproduces_the_uninterrupted_run_bitwise(tmp_path, tiny_corpus):
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    run_train_process(tiny_overrides(straight, tiny_corpus))
+    first = run_train_process(tiny_overrides(resumed, tiny_corpus, train__exit_at_step=10))
+    assert "done: steps 1..10" in first.stdout
+    second = run_train_process(tiny_overrides(resumed, tiny_corpus))
+    assert "done: steps 11..20" in second.stdout
+    straight_losses, resumed_losses = logged_losses(straight), logged_losses(resumed)
+    assert sorted(straight_losses) == sorted(resumed_losses) == list(range(1, 21))
+    assert straight_losses == resumed_losses  # exact equality, every step
+    step_a, params_a = final_params(straight)
+    step_b, params_b = final_params(resumed)
+    assert step_a == step_b == 20
+    jax.tree.map(np.testing.assert_array_equal, params_a, params_b)
+
+
+def test_loss_falls_and_metrics_are_written(tmp_path, tiny_corpus):
+    summary = train(load_config(None, tiny_overrides(tmp_path / "run", tiny_corpus, train__steps=15)))
+    assert summary["last_loss"] < summary["first_loss"] - 0.5
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(1, 16))
+    for key in ("loss", "learning_rate", "grad_norm", "tokens_per_second", "step_time", "mfu"):
+        assert all(np.isfinite(r[key]) for r in records), key
+    assert 0 < records[-1]["mfu"] < 1
+    assert list((tmp_path / "run" / "tb").glob("events.out.tfevents.*"))
+    assert load_config(tmp_path / "run" / "config.yaml") == load_config(
+        None, tiny_overrides(tmp_path / "run", tiny_corpus, train__steps=15))
+
+
+def test_gradient_accumulation_gives_the_same_update(tmp_path, tiny_corpus):
+    params = {}
+    for accum in (1, 4):
+        run_dir = tmp_path / f"accum{accum}"
+        train(load_config(None, tiny_overrides(run_dir, tiny_corpus, train__steps=2, train__batch_size=32,
+                                                         train__grad_accum=accum)))
+        params[accum] = final_params(run_dir)[1]
+    # Same batch, same summed-loss gradient; only float summation order differs.
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-6), params[1], params[4])
+
+
+def test_nonfinite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, tiny_corpus):
+    run_dir = tmp_path / "diverge"
+    config = load_config(None, tiny_overrides(run_dir, tiny_corpus, train__steps=40, optim__learning_rate=1e30,
+                                              optim__grad_clip=0.0, optim__warmup_steps=0,
+                                              checkpoint__every_steps=1))
+    with pytest.raises(TrainingDiverged, match=r"training diverged and stopped. The last good checkpoint is kept"):
+        train(config)
+    from seqmodels.training.checkpoint import Checkpointer
+    checkpointer = Checkpointer(run_dir, config.checkpoint)
+    latest = checkpointer.latest_step()
+    checkpointer.close()
+    assert latest is not None and latest < 40
+    _, model, _ = load_run(run_dir)
+    from flax import nnx
+    assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
