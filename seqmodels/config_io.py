@@ -177,7 +177,10 @@ def read_yaml(path) -> dict:
     try:
         tree = yaml.load(path.read_text(), Loader=_StrictLoader)
     except yaml.YAMLError as error:
-        raise ConfigError(f"config file {str(path)!r} is not valid YAML: {error}") from None
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        raise ConfigError(f"config file {str(path)!r} is not valid YAML{where}: {problem}") from None
     if tree is None:
         return {}
     if not isinstance(tree, dict):

@@ -1,0 +1,67 @@
+"""train.py and eval.py as a user runs them: results on good input, one-paragraph errors on bad input."""
+
+import json
+
+import pytest
+
+import eval as eval_entry
+import train as train_entry
+from conftest import tiny_overrides, write_corpus
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("entry")
+    corpus = str(write_corpus(root / "corpus") / "*.txt")
+    run_dir = root / "run"
+    assert train_entry.main(tiny_overrides(run_dir, corpus, train__steps=10)) == 0
+    return run_dir, corpus
+
+
+def snapshot(directory):
+    return {p.relative_to(directory): p.stat().st_mtime_ns for p in directory.rglob("*")}
+
+
+def test_eval_reports_heldout_perplexity_and_loss_by_position(trained_run, capsys):
+    run_dir, _ = trained_run
+    assert eval_entry.main(["--run", str(run_dir), "--max-batches", "2"]) == 0
+    result = json.loads((run_dir / "eval.json").read_text())
+    assert result["step"] == 10
+    perplexity = result["perplexity"]
+    assert perplexity["perplexity"] == pytest.approx(2.718281828 ** perplexity["loss"], rel=1e-6)
+    buckets = perplexity["by_position"]
+    assert [b["positions"] for b in buckets][:4] == [[0, 1], [1, 2], [2, 4], [4, 8]]
+    assert sum(b["tokens"] for b in buckets) == perplexity["tokens"] > 0
+    assert (run_dir / "eval_loss_by_position.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("make_args, message", [
+    (lambda tmp, corpus: ["--config", str(tmp / "missing.yaml")], "does not exist"),
+    (lambda tmp, corpus: ["--config", str(tmp / "broken.yaml")], "is not valid YAML"),
+    (lambda tmp, corpus: tiny_overrides(tmp / "r", str(tmp / "nothing" / "*.txt")), "data.path"),
+    (lambda tmp, corpus: tiny_overrides(tmp / "r", corpus, data__seq_len=128), "exceeds model.max_seq_len=64"),
+    (lambda tmp, corpus: tiny_overrides(tmp / "r", corpus, model__vocab_size=100), "model.vocab_size=100"),
+    (lambda tmp, corpus: tiny_overrides(tmp / "r", corpus, model__mixers="[attention, mamba9]"),
+     "unknown mixer 'mamba9'"),
+])
+def test_bad_input_gives_one_paragraph_error_and_writes_nothing(tmp_path, tiny_corpus, capsys, make_args, message):
+    (tmp_path / "broken.yaml").write_text("model: {d_model: [\n")
+    before = snapshot(tmp_path)
+    assert train_entry.main(make_args(tmp_path, tiny_corpus)) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and message in err and "\n" not in err and "Traceback" not in err
+    assert snapshot(tmp_path) == before
+
+
+def test_checkpoint_of_another_architecture_is_refused_and_left_untouched(trained_run, capsys):
+    run_dir, corpus = trained_run
+    before = snapshot(run_dir)
+    assert train_entry.main(tiny_overrides(run_dir, corpus, model__d_model=64)) == 2
+    err = capsys.readouterr().err
+    assert "belongs to another architecture" in err and "model.d_model: checkpoint has 32, config has 64" in err
+    assert snapshot(run_dir) == before
+
+
+def test_eval_of_a_directory_without_a_run_is_an_error(tmp_path, capsys):
+    assert eval_entry.main(["--run", str(tmp_path)]) == 2
+    assert "is not a run directory" in capsys.readouterr().err
