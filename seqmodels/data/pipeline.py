@@ -143,6 +143,11 @@ def make_eval_batches(cfg: DataConfig, *, batch_size: int, max_batches: int) -> 
     return result
 
 
+def required_vocab_size(cfg: DataConfig) -> int:
+    """The embedding rows a model needs for this data: the tokenizer's vocabulary."""
+    return get_tokenizer(cfg.tokenizer).vocab_size
+
+
 def describe_source(cfg: DataConfig) -> str:
     """One line for the training log: source, train / held-out document counts, size."""
     return load_documents(cfg).describe()

@@ -6,4 +6,9 @@
 - ``init_cache(batch_size, max_len)`` for decoding.
 """
 
-from seqmodels.models.lm import LM, build_model, generate  # noqa: F401
+from seqmodels.models.lm import LM, build_model, generate, lm_flops_per_token  # noqa: F401
+
+
+def flops_per_token(model_config, seq_len: int) -> float:
+    """Forward FLOPs per token of the model ``model_config`` describes, at rows of ``seq_len`` tokens."""
+    return lm_flops_per_token(model_config, seq_len)

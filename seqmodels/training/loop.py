@@ -20,9 +20,9 @@ from jax.sharding import NamedSharding
 
 from seqmodels.config import Config, ConfigError
 from seqmodels.config_io import save_config, to_dict
-from seqmodels.data.pipeline import describe_source, make_train_dataset
-from seqmodels.data.tokenizers import get_tokenizer
+from seqmodels.data.pipeline import describe_source, make_train_dataset, required_vocab_size
 from seqmodels.mixers import check_mixer_names
+from seqmodels.models import flops_per_token
 from seqmodels.optim.build import build_optimizer
 from seqmodels.sharding import logical_spec, make_mesh
 from seqmodels.training.checkpoint import Checkpointer, CheckpointError
@@ -30,7 +30,6 @@ from seqmodels.training.flops import mfu, peak_flops_per_device
 from seqmodels.training.metrics import MetricsLogger
 from seqmodels.training.state import count_params, init_train_state
 from seqmodels.training.step import make_train_step
-from seqmodels.models.lm import lm_flops_per_token
 
 
 class TrainingDiverged(RuntimeError):
@@ -55,10 +54,10 @@ class _StopFlag:
 def validate(config: Config, mesh) -> None:
     """Checks that need more than one config section; raise ``ConfigError``."""
     check_mixer_names(config.model.mixers)
-    vocab = get_tokenizer(config.data.tokenizer).vocab_size
+    vocab = required_vocab_size(config.data)
     if config.model.vocab_size < vocab:
-        raise ConfigError(f"model.vocab_size={config.model.vocab_size} is smaller than the {config.data.tokenizer} "
-                          f"tokenizer's vocabulary ({vocab}); set model.vocab_size >= {vocab}")
+        raise ConfigError(f"model.vocab_size={config.model.vocab_size} is smaller than the vocabulary of "
+                          f"data.source={config.data.source} ({vocab}); set model.vocab_size >= {vocab}")
     data_parallel = mesh.shape["data"] * mesh.shape["fsdp"]
     rows = config.train.batch_size // config.train.grad_accum
     if rows % data_parallel or config.train.batch_size % jax.process_count():
@@ -109,7 +108,7 @@ class _StepRecorder:
         self.config, self.logger, self.last_step = config, logger, last_step
         self.checkpoint_dir, self.last_saved = checkpoint_dir, start or None
         self.tokens_per_step = config.train.batch_size * config.data.seq_len
-        self.flops_per_token = lm_flops_per_token(config.model, config.data.seq_len)
+        self.flops_per_token = flops_per_token(config.model, config.data.seq_len)
         self.peak = peak_flops_per_device(config.log.peak_flops_per_device, config.model.compute_dtype)
         self.num_devices = num_devices
         self.losses: dict[int, float] = {}
