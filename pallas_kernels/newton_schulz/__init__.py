@@ -100,6 +100,7 @@ def _full_spec(partition_spec, ndim: int) -> PartitionSpec | None:
     return PartitionSpec(*entries)
 
 
+@functools.partial(jax.jit, static_argnames=("impl", "schedule", "norm_scale", "eps"))
 def _dispatch(x, *, impl, schedule, norm_scale, eps):
     if impl == "reference":
         return reference.newton_schulz(x, schedule, norm_scale, eps)

@@ -94,8 +94,13 @@ def _kernel(x_ref, out_ref, *, coefficients, norm_scale, eps, tall):
     out_ref[...] = matrix.astype(out_ref.dtype)
 
 
-def fused_call(padded: jax.Array, *, coefficients, norm_scale: float, eps: float, tall: bool) -> jax.Array:
-    """Run the fused kernel on a zero-padded stack ``padded`` [B, BM, BN] (power-of-two sides)."""
+def fused_call(
+    padded: jax.Array, *, coefficients, norm_scale: float, eps: float, tall: bool, interpret: bool | None = None
+) -> jax.Array:
+    """Run the fused kernel on a zero-padded stack ``padded`` [B, BM, BN] (power-of-two sides).
+
+    ``interpret`` defaults to ``_common.interpret_mode()`` (True on CPU).
+    """
     batch, block_rows, block_cols = padded.shape
     spec = pl.BlockSpec((None, block_rows, block_cols), lambda i: (i, 0, 0))
     kernel = functools.partial(
@@ -107,7 +112,7 @@ def fused_call(padded: jax.Array, *, coefficients, norm_scale: float, eps: float
         grid=(batch,),
         in_specs=[spec],
         out_specs=spec,
-        interpret=_common.interpret_mode(),
+        interpret=_common.interpret_mode() if interpret is None else interpret,
         compiler_params=plgpu.CompilerParams(num_warps=num_warps(block_rows, block_cols), num_stages=1),
         name="newton_schulz_fused",
     )(padded)
