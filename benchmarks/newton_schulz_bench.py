@@ -47,9 +47,9 @@ def cases(small: bool) -> list[dict]:
         x = jax.random.normal(jax.random.PRNGKey(index), shape, jnp.float32).astype(jnp.bfloat16)
         for impl in IMPLS:
             run = jax.jit(lambda x, impl=impl: newton_schulz(x, steps=STEPS, impl=impl))
-            result.append(
-                {"op": "newton_schulz", "impl": impl, "shape": shape, "fn": lambda run=run, x=x: run(x), "flops": flops(shape)}
-            )
+            fn = lambda run=run, x=x: run(x)
+            case = {"op": "newton_schulz", "impl": impl, "shape": shape, "fn": fn, "flops": flops(shape)}
+            result.append(case)
     return result
 
 
@@ -92,13 +92,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--iters", type=int, default=20)
     args = parser.parse_args(argv)
     records = run(args.small, args.warmup, args.iters)
-    header = {"backend": jax.default_backend(), "device": jax.devices()[0].device_kind, "jax": jax.__version__}
+    device = jax.devices()[0].device_kind
+    header = {"backend": jax.default_backend(), "device": device, "jax": jax.__version__}
     path = pathlib.Path(args.out)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({**header, "results": records}, indent=1))
     for r in records:
         extra = f"  x{r['speedup_vs_xla']:.2f} vs xla" if "speedup_vs_xla" in r else ""
-        print(f"{str(tuple(r['shape'])):>20} {r['impl']:>7} {r['ms']:9.3f} ms {r['tflops']:8.2f} TFLOP/s{extra}")
+        shape = str(tuple(r["shape"]))
+        print(f"{shape:>20} {r['impl']:>7} {r['ms']:9.3f} ms {r['tflops']:8.2f} TFLOP/s{extra}")
     return records
 
 

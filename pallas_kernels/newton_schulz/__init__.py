@@ -81,7 +81,8 @@ def _resolve(impl: str) -> str:
     if resolved == "pallas" and jax.default_backend() not in ("cpu", "gpu"):
         if impl == "auto":
             return "xla"
-        raise ValueError(f"impl='pallas' has a GPU (Triton) kernel only; use impl='xla' on {jax.default_backend()}")
+        backend = jax.default_backend()
+        raise ValueError(f"impl='pallas' has a GPU (Triton) kernel only; use impl='xla' on {backend}")
     return resolved
 
 

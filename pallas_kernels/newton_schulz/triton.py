@@ -95,7 +95,13 @@ def _kernel(x_ref, out_ref, *, coefficients, norm_scale, eps, tall):
 
 
 def fused_call(
-    padded: jax.Array, *, coefficients, norm_scale: float, eps: float, tall: bool, interpret: bool | None = None
+    padded: jax.Array,
+    *,
+    coefficients,
+    norm_scale: float,
+    eps: float,
+    tall: bool,
+    interpret: bool | None = None,
 ) -> jax.Array:
     """Run the fused kernel on a zero-padded stack ``padded`` [B, BM, BN] (power-of-two sides).
 

@@ -113,7 +113,7 @@ def muon(
         raise ValueError(f"weight decays must be >= 0, got {weight_decay!r} and {adam_weight_decay!r}")
     resolve_coefficients(ns_coefficients, ns_steps)
     if per_head is not None and not callable(per_head):
-        raise ValueError(f"per_head must be None or a callable (path, param) -> (axis, num_heads) | None, got {per_head!r}")
+        raise ValueError(f"per_head must be None or callable (path, param) -> (axis, heads); got {per_head!r}")
     muon_part = optax.chain(
         scale_by_muon(momentum, nesterov, ns_steps, ns_coefficients, ns_dtype, ns_impl, per_head),
         optax.add_decayed_weights(weight_decay),
@@ -139,13 +139,16 @@ def _labels(params, muon_mask):
 
     def label(path, param, use_muon):
         if use_muon and param.ndim < 2:
-            raise ValueError(f"muon_mask selects {path_name(path)!r} of shape {param.shape}; Muon needs rank >= 2")
+            name = path_name(path)
+            raise ValueError(f"muon_mask selects {name!r} of shape {param.shape}; Muon needs rank >= 2")
         return "muon" if use_muon else "adamw"
 
     return jax.tree_util.tree_map_with_path(label, params, chosen)
 
 
-def scale_by_muon(momentum, nesterov, ns_steps, ns_coefficients, ns_dtype, ns_impl, per_head) -> optax.GradientTransformation:
+def scale_by_muon(
+    momentum, nesterov, ns_steps, ns_coefficients, ns_dtype, ns_impl, per_head
+) -> optax.GradientTransformation:
     """Momentum, Newton–Schulz and the 0.2 sqrt(max(m, n)) scale (no learning rate, no decay)."""
 
     def init(params):
@@ -160,8 +163,9 @@ def scale_by_muon(momentum, nesterov, ns_steps, ns_coefficients, ns_dtype, ns_im
             directions = new_momentum
 
         def orthogonalize(path, direction):
-            heads = None if per_head is None else per_head(path_name(path), direction)
-            ortho = _orthogonalize(direction, heads, path_name(path), ns_steps, ns_coefficients, ns_dtype, ns_impl)
+            name = path_name(path)
+            heads = None if per_head is None else per_head(name, direction)
+            ortho = _orthogonalize(direction, heads, name, ns_steps, ns_coefficients, ns_dtype, ns_impl)
             return ortho.astype(direction.dtype)
 
         return jax.tree_util.tree_map_with_path(orthogonalize, directions), MuonState(new_momentum)
@@ -188,7 +192,8 @@ def _matrix_stack(direction, heads, name):
     axis, num_heads = heads
     if axis not in (-1, -2) or not isinstance(num_heads, int) or num_heads < 1 or shape[axis] % num_heads:
         raise ValueError(
-            f"per_head({name!r}) must give (axis in (-1, -2), num_heads dividing that axis) for shape {shape}, got {heads!r}"
+            f"per_head({name!r}) must give (axis in (-1, -2), num_heads dividing that axis) "
+            f"for shape {shape}, got {heads!r}"
         )
     lead, (rows, cols) = shape[:-2], shape[-2:]
     if axis == -2:

@@ -11,7 +11,8 @@ def test_small_benchmark_times_both_impls_and_writes_json(tmp_path):
     written = json.loads(out.read_text())
     records = written["results"]
     shapes = {tuple(s) for s in newton_schulz_bench.SMALL_SHAPES}
-    assert {(tuple(r["shape"]), r["impl"]) for r in records} == {(s, i) for s in shapes for i in ("xla", "pallas")}
+    expected = {(shape, impl) for shape in shapes for impl in ("xla", "pallas")}
+    assert {(tuple(r["shape"]), r["impl"]) for r in records} == expected
     assert all(r["ms"] > 0 and r["tflops"] > 0 for r in records)
     # bf16 outputs of entries <= ~1: the two paths differ by a few bf16 ulps at most.
     assert all(r["max_abs_diff_vs_xla"] < 5e-2 for r in records if r["impl"] == "pallas")

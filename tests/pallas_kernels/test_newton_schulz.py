@@ -1,5 +1,7 @@
 """Newton–Schulz: the fused kernel (interpret mode) and the XLA path against the fp32 oracle."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -68,7 +70,8 @@ def test_singular_values_stay_in_the_band_the_coefficients_promise(name, shape):
     low, high = _scalar_band(schedule, norm_scale, normalised.min(), 1.0)
     if name == "muon":
         assert 0.68 < low < 0.69 and 1.13 < high < 1.14
-    for impl, dtype, slack in (("pallas", jnp.float32, 1e-4), ("xla", jnp.float32, 1e-4), ("pallas", jnp.bfloat16, 3e-2)):
+    runs = (("pallas", jnp.float32, 1e-4), ("xla", jnp.float32, 1e-4), ("pallas", jnp.bfloat16, 3e-2))
+    for impl, dtype, slack in runs:
         out = newton_schulz(x.astype(dtype), coefficients=name, impl=impl)
         singular_out = np.linalg.svd(np.asarray(out, np.float32), compute_uv=False)
         assert singular_out.min() > low - slack and singular_out.max() < high + slack, (impl, dtype)
@@ -76,7 +79,8 @@ def test_singular_values_stay_in_the_band_the_coefficients_promise(name, shape):
 
 def test_zero_matrix_gives_zeros_and_a_zero_gradient():
     x = jnp.zeros((2, 32, 48))
-    value_and_grad = jax.jit(jax.value_and_grad(lambda m, impl: jnp.sum(newton_schulz(m, impl=impl) ** 2 + newton_schulz(m, impl=impl))), static_argnums=1)
+    loss = lambda m, impl: jnp.sum(newton_schulz(m, impl=impl) ** 2 + newton_schulz(m, impl=impl))
+    value_and_grad = jax.jit(jax.value_and_grad(loss), static_argnums=1)
     for impl in ("reference", "xla", "pallas"):
         assert np.array_equal(newton_schulz(x, impl=impl), x)
         value, grad = value_and_grad(x, impl)
@@ -97,21 +101,25 @@ def test_gradient_matches_autodiff_of_the_reference(name, shape):
 
 def test_bf16_gradient_is_the_fp32_gradient_rounded():
     x = _normal((2, 32, 32), 3, jnp.bfloat16)
-    grad = jax.jit(jax.grad(lambda m: jnp.sum(newton_schulz(m, impl="pallas").astype(jnp.float32) ** 2)))(x)
-    expected = jax.jit(jax.grad(lambda m: jnp.sum(newton_schulz(m, impl="reference") ** 2)))(x.astype(jnp.float32))
-    assert grad.dtype == jnp.bfloat16
-    # The forward output squared differs by the bf16 forward error (~2%), the backward is fp32.
-    assert _relative_error(grad, expected) < 5e-2
+    loss = lambda m, impl: jnp.sum(newton_schulz(m, impl=impl).astype(jnp.float32) ** 2)
+    grad = jax.jit(jax.grad(loss), static_argnums=1)
+    actual, expected = grad(x, "pallas"), grad(x.astype(jnp.float32), "reference")
+    assert actual.dtype == jnp.bfloat16
+    # The backward recomputes in fp32: only the input's and the gradient's bf16 rounding remain.
+    assert _relative_error(actual, expected) < 5e-2
 
 
 def test_steps_zero_returns_the_normalised_input_and_schedules_resolve_as_documented():
     x = _normal((3, 16, 24))
-    np.testing.assert_allclose(newton_schulz(x, steps=0, impl="pallas"), x / (jnp.linalg.norm(x, axis=(-2, -1), keepdims=True) + 1e-7), rtol=1e-6)
+    normalised = x / (jnp.linalg.norm(x, axis=(-2, -1), keepdims=True) + 1e-7)
+    np.testing.assert_allclose(newton_schulz(x, steps=0, impl="pallas"), normalised, rtol=1e-6)
     muon = newton_schulz(x, impl="pallas")
-    np.testing.assert_array_equal(newton_schulz(x, coefficients=[(3.4445, -4.7750, 2.0315)], impl="pallas"), muon)
+    repeated = newton_schulz(x, coefficients=[(3.4445, -4.7750, 2.0315)], impl="pallas")
+    np.testing.assert_array_equal(repeated, muon)
     schedule, norm_scale = coefficient_tables.resolve_coefficients("polar_express", 10)
     assert norm_scale == 1.01 and len(schedule) == 10
-    assert schedule[0] == pytest.approx((8.28721201814563 / 1.01, -23.595886519098837 / 1.01**3, 17.300387312530933 / 1.01**5))
+    first = (8.28721201814563 / 1.01, -23.595886519098837 / 1.01**3, 17.300387312530933 / 1.01**5)
+    assert schedule[0] == pytest.approx(first)
     assert schedule[7:] == ((1.875, -1.25, 0.375),) * 3
 
 
@@ -119,9 +127,8 @@ def test_batch_axes_and_dtypes_are_preserved():
     x = _normal((2, 3, 16, 40), dtype=jnp.bfloat16)
     out = newton_schulz(x, impl="pallas")
     assert out.shape == x.shape and out.dtype == x.dtype
-    np.testing.assert_allclose(
-        np.asarray(out[1, 2], np.float32), np.asarray(newton_schulz(x[1, 2], impl="pallas"), np.float32), atol=1e-2
-    )
+    single = newton_schulz(x[1, 2], impl="pallas")
+    np.testing.assert_allclose(np.asarray(out[1, 2], np.float32), np.asarray(single, np.float32), atol=1e-2)
 
 
 @pytest.mark.parametrize("tall", [False, True])
@@ -141,9 +148,11 @@ def test_kernel_lowers_to_triton_ir_for_an_h200_without_a_gpu():
     mesh = jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)
     schedule, norm_scale = coefficient_tables.resolve_coefficients("muon", 5)
     for shape, dtype, tall in (((4, 128, 128), jnp.bfloat16, False), ((2, 256, 64), jnp.float32, True)):
-        call = lambda x, tall=tall: triton.fused_call(x, coefficients=schedule, norm_scale=norm_scale, eps=1e-7, tall=tall, interpret=False)
+        options = dict(coefficients=schedule, norm_scale=norm_scale, eps=1e-7, tall=tall, interpret=False)
+        call = functools.partial(triton.fused_call, **options)
         with jax.sharding.use_abstract_mesh(mesh):
-            text = jax.jit(call).trace(jax.ShapeDtypeStruct(shape, dtype)).lower(lowering_platforms=("cuda",)).as_text()
+            traced = jax.jit(call).trace(jax.ShapeDtypeStruct(shape, dtype))
+            text = traced.lower(lowering_platforms=("cuda",)).as_text()
         assert "__gpu$xla.gpu.triton" in text
 
 

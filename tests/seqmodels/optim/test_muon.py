@@ -8,6 +8,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
 from seqmodels.optim import default_muon_mask, muon
+from seqmodels.optim.muon import path_name
 
 LR = 0.1
 
@@ -49,16 +50,26 @@ def test_default_mask_sends_matrices_to_muon_and_embeddings_norms_biases_heads_t
         lambda path, p: default_muon_mask("/".join(str(k.key) for k in path), p), params
     )
     assert chosen["layers"]["mlp"]["w"] and chosen["layers"]["attn"]["q"] and chosen["layers"]["stacked"]
-    assert not any([chosen["embed"]["embedding"], chosen["lm_head"]["kernel"], chosen["layers"]["mlp"]["bias"]])
+    assert not chosen["embed"]["embedding"] and not chosen["lm_head"]["kernel"]
+    assert not chosen["layers"]["mlp"]["bias"]
     assert not chosen["layers"]["norm"]["scale"]
+
+
+def test_paths_join_keys_and_drop_the_value_attribute_of_nnx_variables():
+    keys = jax.tree_util
+    path = (keys.DictKey("layers"), keys.SequenceKey(0), keys.DictKey("kernel"), keys.GetAttrKey("value"))
+    assert path_name(path) == "layers/0/kernel"
+    assert path_name((keys.DictKey("value"),)) == "value"
 
 
 def test_update_of_a_matrix_has_near_equal_singular_values():
     params, grads = _params(), _grads(_params())
     weight = params["layers"]["mlp"]["w"]
-    assert _singular_values(grads["layers"]["mlp"]["w"]).max() / _singular_values(grads["layers"]["mlp"]["w"]).min() > 4
+    gradient_singular = _singular_values(grads["layers"]["mlp"]["w"])
+    assert gradient_singular.max() / gradient_singular.min() > 4
     # 8 Polar Express steps in fp32 converge (singular values within 1% of 1).
-    updates = _first_update(muon(LR, ns_steps=8, ns_coefficients="polar_express", ns_dtype=jnp.float32), grads, params)
+    tx = muon(LR, ns_steps=8, ns_coefficients="polar_express", ns_dtype=jnp.float32)
+    updates = _first_update(tx, grads, params)
     singular = _singular_values(updates["layers"]["mlp"]["w"]) / (LR * 0.2 * np.sqrt(64))
     np.testing.assert_allclose(singular, 1.0, atol=1e-2)
     # Default: 5 muon steps in bf16 keep singular values in the quintic's band (about [0.68, 1.13]
@@ -124,7 +135,8 @@ def test_muon_mask_overrides_and_rejects_vectors():
     with pytest.raises(ValueError, match="momentum must be in"):
         muon(LR, momentum=1.0)
     with pytest.raises(ValueError, match="per_head.*must give"):
-        _first_update(muon(LR, per_head=lambda path, p: (-1, 5) if path == "layers/attn/q" else None), grads, params)
+        five_heads = lambda path, p: (-1, 5) if path == "layers/attn/q" else None
+        _first_update(muon(LR, per_head=five_heads), grads, params)
 
 
 @pytest.mark.parametrize("ns_impl", ["xla", "pallas"])
