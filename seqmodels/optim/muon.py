@@ -31,10 +31,13 @@ Paths are the parameter's keys joined with "/" (``"layers/0/attn/q/kernel"``); a
 attribute (the payload of a flax ``nnx.Variable`` in an ``nnx.State``) is dropped.
 
 Sharding: each matrix is orthogonalised whole. When a mesh is set (``jax.set_mesh``), the direction
-D is gathered to replicated, its matrices (stack entries and heads) are padded to a multiple of the
-number of devices and spread over all devices, each device runs Newton–Schulz on its own matrices
-(``partition_spec`` of ``newton_schulz``: shard-local, so the Pallas kernel runs on GPU too), and
-the result is gathered back. Without a mesh, the XLA path is partitioned by XLA itself.
+D is gathered to replicated, its matrices (stack entries and heads) are padded with zero matrices
+to a multiple of the number of devices and spread over all devices, each device runs Newton–Schulz
+on its own matrices (``partition_spec`` of ``newton_schulz``: shard-local, so the Pallas kernel runs
+on GPU too), and the result is gathered back; the update then takes the parameter's sharding in
+the elementwise steps that follow. Resharding uses ``jax.sharding.reshard`` on a mesh of Explicit
+axes and ``with_sharding_constraint`` otherwise. Without a mesh set, sharded arrays still work on
+the XLA path (XLA partitions its matmuls), but a Pallas kernel cannot be partitioned: set the mesh.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
-from jax.sharding import PartitionSpec
+from jax.sharding import AxisType, PartitionSpec
 
 from pallas_kernels import newton_schulz
 from pallas_kernels.newton_schulz.coefficients import resolve_coefficients
@@ -212,8 +215,10 @@ def _shard_local_stack(stack, run):
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or mesh.size == 1:
         return run(stack)
+    explicit = all(axis_type == AxisType.Explicit for axis_type in mesh.axis_types)
+    constrain = jax.sharding.reshard if explicit else jax.lax.with_sharding_constraint
     count, spread = stack.shape[0], PartitionSpec(tuple(mesh.axis_names))
-    stack = jax.sharding.reshard(stack, PartitionSpec())
-    stack = jax.sharding.reshard(jnp.pad(stack, ((0, -count % mesh.size), (0, 0), (0, 0))), spread)
+    stack = constrain(stack, PartitionSpec())
+    stack = constrain(jnp.pad(stack, ((0, -count % mesh.size), (0, 0), (0, 0))), spread)
     ortho = run(stack, spread)
-    return jax.sharding.reshard(ortho, PartitionSpec())[:count]
+    return constrain(ortho, PartitionSpec())[:count]

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from seqmodels.optim import default_muon_mask, muon
 from seqmodels.optim.muon import path_name
@@ -139,8 +139,8 @@ def test_muon_mask_overrides_and_rejects_vectors():
         _first_update(muon(LR, per_head=five_heads), grads, params)
 
 
-@pytest.mark.parametrize("ns_impl", ["xla", "pallas"])
-def test_sharded_update_under_jit_equals_the_unsharded_update(ns_impl):
+@pytest.mark.parametrize(("ns_impl", "axis_type"), [("pallas", AxisType.Explicit), ("xla", AxisType.Auto)])
+def test_sharded_update_under_jit_equals_the_unsharded_update(ns_impl, axis_type):
     params = _params()
     specs = {
         "embed": {"embedding": PartitionSpec(None, "tensor")},
@@ -163,7 +163,7 @@ def test_sharded_update_under_jit_equals_the_unsharded_update(ns_impl):
         return updates
 
     expected = jax.jit(two_steps)(params, grads)
-    mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "tensor"))
+    mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "tensor"), axis_types=(axis_type,) * 3)
     with jax.set_mesh(mesh):
         place = lambda tree: jax.tree.map(lambda x, s: jax.device_put(x, NamedSharding(mesh, s)), tree, specs)
         actual = jax.jit(two_steps)(place(params), [place(g) for g in grads])
