@@ -70,6 +70,8 @@ def test_singular_values_stay_in_the_band_the_coefficients_promise(name, shape):
     low, high = _scalar_band(schedule, norm_scale, normalised.min(), 1.0)
     if name == "muon":
         assert 0.68 < low < 0.69 and 1.13 < high < 1.14
+    # fp32 stays inside the band up to round-off; bf16 operand rounding moves singular values by
+    # about 1% (measured up to 0.8% outside the band), hence a 3e-2 slack.
     runs = (("pallas", jnp.float32, 1e-4), ("xla", jnp.float32, 1e-4), ("pallas", jnp.bfloat16, 3e-2))
     for impl, dtype, slack in runs:
         out = newton_schulz(x.astype(dtype), coefficients=name, impl=impl)
