@@ -42,6 +42,7 @@ the XLA path (XLA partitions its matmuls), but a Pallas kernel cannot be partiti
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections.abc import Callable
@@ -116,7 +117,7 @@ def muon(
         raise ValueError(f"weight decays must be >= 0, got {weight_decay!r} and {adam_weight_decay!r}")
     resolve_coefficients(ns_coefficients, ns_steps)
     if per_head is not None and not callable(per_head):
-        raise ValueError(f"per_head must be None or callable (path, param) -> (axis, heads); got {per_head!r}")
+        raise ValueError(f"per_head must be None or a callable (path, param) -> (axis, heads): {per_head!r}")
     muon_part = optax.chain(
         scale_by_muon(momentum, nesterov, ns_steps, ns_coefficients, ns_dtype, ns_impl, per_head),
         optax.add_decayed_weights(weight_decay),
@@ -165,26 +166,39 @@ def scale_by_muon(
         else:
             directions = new_momentum
 
-        def orthogonalize(path, direction):
-            name = path_name(path)
-            heads = None if per_head is None else per_head(name, direction)
-            ortho = _orthogonalize(direction, heads, name, ns_steps, ns_coefficients, ns_dtype, ns_impl)
-            return ortho.astype(direction.dtype)
+        def orthogonalize_stack(stack, spec=None):
+            options = dict(steps=ns_steps, coefficients=ns_coefficients, impl=ns_impl, partition_spec=spec)
+            return newton_schulz(stack.astype(ns_dtype), **options).astype(jnp.float32)
 
-        return jax.tree_util.tree_map_with_path(orthogonalize, directions), MuonState(new_momentum)
+        leaves, treedef = jax.tree_util.tree_flatten_with_path(directions)
+        named = [(path_name(path), leaf) for path, leaf in leaves]
+        ortho = _orthogonalize_leaves(named, per_head, orthogonalize_stack)
+        return jax.tree_util.tree_unflatten(treedef, ortho), MuonState(new_momentum)
 
     return optax.GradientTransformation(init, update)
 
 
-def _orthogonalize(direction, heads, name, ns_steps, ns_coefficients, ns_dtype, ns_impl):
-    """UPDATE_RMS sqrt(max(m, n)) NS(direction), per matrix (and per head)."""
-    stack, restore = _matrix_stack(direction, heads, name)
-    rows, cols = stack.shape[-2:]
-    run = lambda x, spec=None: newton_schulz(
-        x, steps=ns_steps, coefficients=ns_coefficients, impl=ns_impl, partition_spec=spec
-    )
-    ortho = _shard_local_stack(stack.astype(ns_dtype), run).astype(jnp.float32)
-    return restore(UPDATE_RMS * math.sqrt(max(rows, cols)) * ortho)
+def _orthogonalize_leaves(named_leaves, per_head, orthogonalize_stack) -> list:
+    """UPDATE_RMS sqrt(max(m, n)) NS(matrix) for every matrix (and head) of every leaf.
+
+    Matrices of one shape, from all leaves, go through one batched call: one kernel launch, and
+    under a mesh a stack long enough to keep every device busy.
+    """
+    stacks, restores, groups = [], [], {}
+    for index, (name, direction) in enumerate(named_leaves):
+        heads = None if per_head is None else per_head(name, direction)
+        stack, restore = _matrix_stack(_replicated(direction), heads, name)
+        stacks.append(stack)
+        restores.append(restore)
+        groups.setdefault(stack.shape[-2:], []).append(index)
+    results = [None] * len(stacks)
+    for (rows, cols), indices in groups.items():
+        joined = jnp.concatenate([stacks[i] for i in indices]) if len(indices) > 1 else stacks[indices[0]]
+        ortho = UPDATE_RMS * math.sqrt(max(rows, cols)) * _shard_local_stack(joined, orthogonalize_stack)
+        offsets = list(itertools.accumulate(stacks[i].shape[0] for i in indices))[:-1]
+        for i, part in zip(indices, jnp.split(ortho, offsets)):
+            results[i] = restores[i](part).astype(named_leaves[i][1].dtype)
+    return results
 
 
 def _matrix_stack(direction, heads, name):
@@ -210,15 +224,31 @@ def _matrix_stack(direction, heads, name):
     return stack, restore
 
 
-def _shard_local_stack(stack, run):
-    """run(stack) with the matrices spread over all devices of the current mesh, if one is set."""
+def _active_mesh():
+    """The mesh set by ``jax.set_mesh`` if it has more than one device, else None."""
     mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or mesh.size == 1:
-        return run(stack)
-    explicit = all(axis_type == AxisType.Explicit for axis_type in mesh.axis_types)
-    constrain = jax.sharding.reshard if explicit else jax.lax.with_sharding_constraint
+    return None if mesh.empty or mesh.size == 1 else mesh
+
+
+def _constrain(x, spec: PartitionSpec, mesh):
+    """Reshard ``x`` to ``spec``: ``reshard`` on Explicit axes, a sharding constraint on Auto axes."""
+    if all(axis_type == AxisType.Explicit for axis_type in mesh.axis_types):
+        return jax.sharding.reshard(x, spec)
+    return jax.lax.with_sharding_constraint(x, spec)
+
+
+def _replicated(x):
+    """``x`` gathered whole onto every device when a mesh is set (reshapes then stay local)."""
+    mesh = _active_mesh()
+    return x if mesh is None else _constrain(x, PartitionSpec(), mesh)
+
+
+def _shard_local_stack(stack, orthogonalize_stack):
+    """NS of a replicated stack [S, m, n], its matrices spread over all devices of the mesh."""
+    mesh = _active_mesh()
+    if mesh is None:
+        return orthogonalize_stack(stack)
     count, spread = stack.shape[0], PartitionSpec(tuple(mesh.axis_names))
-    stack = constrain(stack, PartitionSpec())
-    stack = constrain(jnp.pad(stack, ((0, -count % mesh.size), (0, 0), (0, 0))), spread)
-    ortho = run(stack, spread)
-    return constrain(ortho, PartitionSpec())[:count]
+    padded = _constrain(jnp.pad(stack, ((0, -count % mesh.size), (0, 0), (0, 0))), spread, mesh)
+    ortho = orthogonalize_stack(padded, spread)
+    return _constrain(ortho, PartitionSpec(), mesh)[:count]

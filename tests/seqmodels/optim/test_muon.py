@@ -21,7 +21,7 @@ def _params():
     return {
         "embed": {"embedding": _normal(0, (50, 32))},
         "layers": {
-            "mlp": {"w": _normal(1, (32, 64)), "bias": jnp.zeros(64)},
+            "mlp": {"w": _normal(1, (32, 64)), "w_out": _normal(5, (64, 32)), "bias": jnp.zeros(64)},
             "attn": {"q": _normal(2, (32, 64))},
             "stacked": _normal(3, (6, 64, 32)),
             "norm": {"scale": jnp.ones(32)},
@@ -79,6 +79,15 @@ def test_update_of_a_matrix_has_near_equal_singular_values():
         singular = _singular_values(matrix) / (LR * 0.2 * np.sqrt(64))
         assert singular.min() > 0.6 and singular.max() < 1.16
     assert np.all(np.asarray(updates["layers"]["mlp"]["w"]) != np.asarray(-LR * 0.2 * weight))
+
+
+def test_matrices_of_one_shape_batched_together_are_orthogonalised_independently():
+    params, grads = _params(), _grads(_params())
+    tx = muon(LR, ns_dtype=jnp.float32)
+    together = _first_update(tx, grads, params)  # mlp/w_out [64, 32] joins the 6 stacked [64, 32]
+    weight, grad = params["layers"]["mlp"]["w_out"], grads["layers"]["mlp"]["w_out"]
+    alone = _first_update(tx, {"w_out": grad}, {"w_out": weight})
+    np.testing.assert_allclose(together["layers"]["mlp"]["w_out"], alone["w_out"], atol=1e-6, rtol=0)
 
 
 def test_per_head_split_orthogonalises_each_head_block():
@@ -145,7 +154,11 @@ def test_sharded_update_under_jit_equals_the_unsharded_update(ns_impl, axis_type
     specs = {
         "embed": {"embedding": PartitionSpec(None, "tensor")},
         "layers": {
-            "mlp": {"w": PartitionSpec("fsdp", "tensor"), "bias": PartitionSpec("tensor")},
+            "mlp": {
+                "w": PartitionSpec("fsdp", "tensor"),
+                "w_out": PartitionSpec("tensor", "fsdp"),
+                "bias": PartitionSpec("tensor"),
+            },
             "attn": {"q": PartitionSpec("fsdp", "tensor")},
             "stacked": PartitionSpec("data", "fsdp", "tensor"),
             "norm": {"scale": PartitionSpec("fsdp")},
