@@ -30,10 +30,13 @@ shape. Example: ``per_head=lambda path, p: (-1, 8) if path.endswith(("q/kernel",
 Paths are the parameter's keys joined with "/" (``"layers/0/attn/q/kernel"``); a trailing ``value``
 attribute (the payload of a flax ``nnx.Variable`` in an ``nnx.State``) is dropped.
 
-Sharding: each matrix is orthogonalised whole. When a mesh is set (``jax.set_mesh``), the direction
-D is gathered to replicated, its matrices (stack entries and heads) are padded with zero matrices
-to a multiple of the number of devices and spread over all devices, each device runs Newton–Schulz
-on its own matrices (``partition_spec`` of ``newton_schulz``: shard-local, so the Pallas kernel runs
+Batching: the matrices (stack entries, heads) of one shape from all Muon parameters are
+orthogonalised in one batched Newton–Schulz call: one kernel launch per shape.
+
+Sharding: each matrix is orthogonalised whole. When a mesh is set (``jax.set_mesh``), every
+direction D is gathered to replicated, each batch of same-shape matrices is padded with zero
+matrices to a multiple of the number of devices and spread over all devices, each device runs
+Newton–Schulz on its own matrices (``partition_spec`` of ``newton_schulz``: shard-local, so the Pallas kernel runs
 on GPU too), and the result is gathered back; the update then takes the parameter's sharding in
 the elementwise steps that follow. Resharding uses ``jax.sharding.reshard`` on a mesh of Explicit
 axes and ``with_sharding_constraint`` otherwise. Without a mesh set, sharded arrays still work on
