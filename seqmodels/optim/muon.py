@@ -36,9 +36,9 @@ orthogonalised in one batched Newton–Schulz call: one kernel launch per shape.
 Sharding: each matrix is orthogonalised whole. When a mesh is set (``jax.set_mesh``), every
 direction D is gathered to replicated, each batch of same-shape matrices is padded with zero
 matrices to a multiple of the number of devices and spread over all devices, each device runs
-Newton–Schulz on its own matrices (``partition_spec`` of ``newton_schulz``: shard-local, so the Pallas kernel runs
-on GPU too), and the result is gathered back; the update then takes the parameter's sharding in
-the elementwise steps that follow. Resharding uses ``jax.sharding.reshard`` on a mesh of Explicit
+Newton–Schulz on its own matrices (``partition_spec`` of ``newton_schulz``: shard-local, so the
+Pallas kernel runs on GPU too), and the result is gathered back; the update then takes the
+parameter's sharding in the elementwise steps that follow. Resharding uses ``jax.sharding.reshard`` on a mesh of Explicit
 axes and ``with_sharding_constraint`` otherwise. Without a mesh set, sharded arrays still work on
 the XLA path (XLA partitions its matmuls), but a Pallas kernel cannot be partitioned: set the mesh.
 """
