@@ -49,7 +49,7 @@ def newton_schulz(
 
     ``partition_spec`` is the PartitionSpec of the leading (batch) axes; when given and a mesh is
     set (``jax.set_mesh``), each device orthogonalises its local block of matrices (the last two
-    axes must not be sharded).
+    axes must not be sharded). On a mesh of Explicit axes, x is first resharded to that spec.
     """
     _check_input(x)
     schedule, norm_scale = resolve_coefficients(coefficients, steps)
@@ -62,6 +62,9 @@ def newton_schulz(
     fn = functools.partial(_dispatch, impl=impl, schedule=schedule, norm_scale=norm_scale, eps=float(eps))
     if spec is not None:
         fn = _common.shard_local(fn, in_specs=(spec,), out_specs=spec)
+        mesh = jax.sharding.get_abstract_mesh()
+        if not mesh.empty and all(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types):
+            x = jax.sharding.reshard(x, spec)
     return fn(x)
 
 

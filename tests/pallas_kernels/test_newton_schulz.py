@@ -167,11 +167,13 @@ def test_partition_spec_runs_shard_local_and_matches_unsharded():
     x = _normal((8, 2, 16, 32))
     expected = newton_schulz(x, impl="pallas")
     spec = PartitionSpec(("data", "fsdp", "tensor"))
+    run = jax.jit(lambda m: newton_schulz(m, impl="pallas", partition_spec=spec))
     with jax.set_mesh(mesh):
-        sharded = jax.device_put(x, NamedSharding(mesh, spec))
-        out = jax.jit(lambda m: newton_schulz(m, impl="pallas", partition_spec=spec))(sharded)
+        out = run(jax.device_put(x, NamedSharding(mesh, spec)))
+        from_replicated = run(jax.device_put(x, NamedSharding(mesh, PartitionSpec())))
     assert out.sharding.spec[0] == ("data", "fsdp", "tensor")
     np.testing.assert_allclose(out, expected, atol=1e-6)
+    np.testing.assert_array_equal(from_replicated, out)
 
 
 @pytest.mark.parametrize(
