@@ -144,6 +144,11 @@ class OptimConfig:
     b2: float = describe("Adam beta2", 0.95)
     eps: float = describe("Adam epsilon", 1e-8)
     grad_clip: float = describe("clip the global gradient norm to this; 0 = no clipping", 1.0)
+    muon_momentum: float = describe("muon: momentum of the gradient EMA", 0.95)
+    muon_ns_steps: int = describe("muon: Newton-Schulz steps", 5)
+    muon_per_head: bool = describe("muon: orthogonalise each attention head's block on its own", False)
+    muon_adam_learning_rate: float = describe(
+        "muon: peak learning rate of the AdamW group (embeddings, head, norms, biases); 0 = learning_rate", 0.0)
 
     def __post_init__(self):
         _require(self.name in ("adamw", "muon"), "optim.name", f"must be adamw or muon, got {self.name!r}")
@@ -155,6 +160,9 @@ class OptimConfig:
         _require(self.weight_decay >= 0, "optim.weight_decay", "must be >= 0")
         _require(0.0 <= self.b1 < 1.0 and 0.0 <= self.b2 < 1.0, "optim.b1/b2", "must be in [0, 1)")
         _require(self.grad_clip >= 0, "optim.grad_clip", "must be >= 0")
+        _require(0.0 <= self.muon_momentum < 1.0, "optim.muon_momentum", "must be in [0, 1)")
+        _require(self.muon_ns_steps >= 0, "optim.muon_ns_steps", "must be >= 0")
+        _require(self.muon_adam_learning_rate >= 0, "optim.muon_adam_learning_rate", "must be >= 0")
 
 
 @dataclass(frozen=True)

@@ -93,3 +93,43 @@ def test_nonfinite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_pat
     _, model, _ = load_run(run_dir)
     from flax import nnx
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+
+
+def test_a_tiny_lm_trains_with_muon_and_muon_moves_only_projections(tmp_path, tiny_corpus):
+    from flax import nnx
+
+    from seqmodels.optim.build import build_optimizer
+    from seqmodels.sharding import param_logical_axes
+    from seqmodels.training.state import abstract_model
+
+    config = load_config(None, tiny_overrides(tmp_path / "muon", tiny_corpus, optim__name="muon",
+                                              train__steps=15, optim__learning_rate=0.02, optim__muon_per_head=True))
+    summary = train(config)
+    assert summary["last_loss"] < summary["first_loss"] - 0.5
+    # The Muon group's updates are orthogonalised: equal singular values on a projection matrix.
+    _, state = abstract_model(config.model)
+    axes = param_logical_axes(state)
+    params = jax.tree.map(lambda s: jax.numpy.asarray(np.random.default_rng(0).normal(size=s.shape), np.float32),
+                          nnx.to_pure_dict(state))
+    from dataclasses import replace
+    no_decay = replace(config.optim, weight_decay=0.0, warmup_steps=0)  # the update is then -lr * 0.2 sqrt(n) O
+    optimizer, _ = build_optimizer(no_decay, 10, param_axes=axes,
+                                   param_shapes=jax.tree.map(lambda x: x.shape, params))
+    grads = jax.tree.map(lambda p: p[::-1] * 0.5, params)
+    updates, _ = optimizer.update(grads, optimizer.init(params), params)
+    lr = config.optim.learning_rate
+
+    def assert_in_band(matrix):
+        # 5 NS steps with the muon coefficients map singular values into [0.68, 1.14]; NS runs on
+        # bf16 operands here, whose rounding moves them by up to ~1.5%: [0.67, 1.15].
+        scale = lr * 0.2 * np.sqrt(max(matrix.shape))
+        singular = np.linalg.svd(matrix, compute_uv=False) / scale
+        assert 0.67 <= singular.min() and singular.max() <= 1.15, singular
+
+    assert_in_band(np.asarray(updates["blocks"][0]["mlp"]["down"]["kernel"]))  # [mlp, embed]
+    query = np.asarray(updates["blocks"][0]["mixer"]["query"]["kernel"])  # [embed, heads, head_dim]
+    for head in range(query.shape[1]):  # per head: each head's [embed, head_dim] block
+        assert_in_band(query[:, head])
+    # AdamW group: the first update is -lr * g / (|g| + eps) elementwise: lr in size, except where the
+    # clipped gradient is within a few orders of eps=1e-8 (a few elements, up to 2% smaller).
+    np.testing.assert_allclose(np.abs(np.asarray(updates["embed"])), lr, rtol=2e-2)
