@@ -3,3 +3,5 @@
 One folder per op (``reference.py``, ``xla.py``, ``triton.py``, ``__init__.py``); see each op's
 docstring for its definition and shapes.
 """
+
+from pallas_kernels.gated_delta_rule import gated_delta_rule
