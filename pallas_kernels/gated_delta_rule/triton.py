@@ -32,9 +32,11 @@ Backward (the residuals are only the inputs; everything else is recomputed)
   around a ``custom_vjp``, so their gradients come from autodiff.
 
 Precision: matmul operands are in the input dtype (bf16 on the tensor cores; float32 inputs use
-IEEE float32) and accumulate in float32; the state, ``T`` and all gradients of gates are float32.
-``W``, ``U~``, the saved states and ``V_new`` are stored in the input dtype. Every exponent is a
-difference of cumulative log decays with ``j <= i`` (<= 0), masked to ``-inf`` before ``exp``.
+IEEE float32) and accumulate in float32; ``T`` is built in float32, the carried state and the
+gradients of the gates are float32. What is stored only to be a matmul operand later (``W``,
+``U~``, ``T``, the scores, the chunk states, ``V_new``) is stored in the input dtype; ``dV_new``
+and the partial gradients are float32. Every exponent is a difference of cumulative log decays
+with ``j <= i`` (<= 0), or ``gamma`` itself, masked to ``-inf`` before ``exp``.
 """
 
 from __future__ import annotations
@@ -84,12 +86,12 @@ def _prepare_kernel(
         if inverse_ref:
             for j in range(count):
                 block = inverse[i, j] if j <= i else jnp.zeros((_BLOCK, _BLOCK), _F32)
-                inverse_ref[0][rows[i], pl.ds(j * _BLOCK, _BLOCK)] = block
+                inverse_ref[0][rows[i], pl.ds(j * _BLOCK, _BLOCK)] = block.astype(dot_dtype)
 
 
 def prepare(q, k, v, beta, gamma, config: KernelConfig, *, emit_inverse: bool):
-    """``W [B, T, H, K]``, ``U~ [B, T, H, V]``, scores ``P [B, H, T, C]`` in the input dtype
-    (and with ``emit_inverse`` ``T [B, H, T, C]`` float32)."""
+    """``W [B, T, H, K]``, ``U~ [B, T, H, V]``, scores ``P [B, H, T, C]`` (and with
+    ``emit_inverse`` ``T [B, H, T, C]``), all in the input dtype: the matmul operand dtype."""
     batch, length, heads, key_dim = k.shape
     value_dim = v.shape[-1]
     chunk = config.chunk_size
@@ -104,7 +106,7 @@ def prepare(q, k, v, beta, gamma, config: KernelConfig, *, emit_inverse: bool):
         _specs.state_spec(length, chunk, heads, 1),
     ]
     if emit_inverse:
-        out_shape.append(_specs.shape_of((batch, heads, length, chunk), _F32))
+        out_shape.append(_specs.shape_of((batch, heads, length, chunk), k.dtype))
         out_specs.append(_specs.state_spec(length, chunk, heads, 1))
     return _specs.call(
         functools.partial(_prepare_kernel, chunk_size=chunk),
@@ -119,9 +121,7 @@ def prepare(q, k, v, beta, gamma, config: KernelConfig, *, emit_inverse: bool):
         out_specs=out_specs,
         out_shape=out_shape,
         config=config,
-        num_warps=4,
-        num_stages=1,
-        name="gated_delta_rule_prepare",
+        name="prepare",
     )(q, k, v, beta, gamma)
 
 
@@ -200,9 +200,7 @@ def forward_sweep(q, k, w, u, scores, gamma, initial_state, config, *, emit_outp
         out_specs=out_specs,
         out_shape=out_shape,
         config=config,
-        num_warps=4,
-        num_stages=2,
-        name="gated_delta_rule_forward_sweep",
+        name="forward_sweep",
     )(q, k, w, u, scores, gamma, initial_state)
 
 

@@ -84,9 +84,7 @@ def backward_sweep(q, k, w, scores, gamma, d_o, d_final, config):
             _specs.shape_of((batch, heads, key_dim, value_dim), _F32),
         ],
         config=config,
-        num_warps=4,
-        num_stages=2,
-        name="gated_delta_rule_backward_sweep",
+        name="backward_sweep",
     )(q, k, w, scores, gamma, d_o, d_final)
 
 
@@ -101,10 +99,9 @@ def _chunk_gradients_kernel(
     rows = pl.ds(index * chunk, chunk)
     state_rows = pl.ds(index * key_dim + pl.program_id(0) * key_block, key_block)
     dot_dtype = q_ref.dtype
-    d_q_state = d_k_state = d_w = jnp.zeros((chunk, key_block), _F32)
-    d_scores = jnp.zeros((chunk, chunk), _F32)
-    state_term = jnp.zeros((), _F32)
-    for column in range(d_o_ref.shape[-1] // block):
+
+    def value_block_products(column, carry):
+        d_q_state, d_k_state, d_w, d_scores, state_term = carry
         columns = pl.ds(column * block, block)
         state, d_state = states_ref[state_rows, columns], d_states_ref[state_rows, columns]
         d_o, v_new = d_o_ref[rows, columns], v_new_ref[rows, columns]
@@ -113,6 +110,13 @@ def _chunk_gradients_kernel(
         d_w -= km.dot(d_v_new_ref[rows, columns], state, dot_dtype, transpose_b=True)
         d_scores += km.dot(d_o, v_new, dot_dtype, transpose_b=True)
         state_term += km.total_sum(d_state.astype(_F32) * state.astype(_F32))
+        return d_q_state, d_k_state, d_w, d_scores, state_term
+
+    rectangle = jnp.zeros((chunk, key_block), _F32)
+    initial = (rectangle, rectangle, rectangle, jnp.zeros((chunk, chunk), _F32), jnp.zeros((), _F32))
+    d_q_state, d_k_state, d_w, d_scores, state_term = jax.lax.fori_loop(
+        0, d_o_ref.shape[-1] // block, value_block_products, initial
+    )
     q, k = q_ref[rows, :], k_ref[rows, :]
     gamma = gamma_ref[rows]
     gamma_last = gamma_ref[index * chunk + chunk - 1]
@@ -168,9 +172,7 @@ def chunk_gradients(q, k, v_new, d_o, d_v_new, states, d_states, gamma, config):
             _specs.shape_of((key_blocks, batch, heads, length), _F32),
         ],
         config=config,
-        num_warps=4,
-        num_stages=1,
-        name="gated_delta_rule_chunk_gradients",
+        name="chunk_gradients",
     )(q, k, v_new, d_o, d_v_new, states, d_states, gamma)
 
 
@@ -191,39 +193,48 @@ def _ut_backward_kernel(
     inverse = inverse_ref[rows, :]
     beta, gamma = beta_ref[rows], gamma_ref[rows]
     k_scale = beta * jnp.exp(gamma)
-    d_a = kk = jnp.zeros((chunk, chunk), _F32)
-    d_beta = d_gamma = jnp.zeros((chunk,), _F32)
-    for column in range(k_ref.shape[-1] // key_block):
+    key_blocks = k_ref.shape[-1] // key_block
+
+    def d_x_w(columns):  # T^T dW, one K block
+        return km.dot(inverse, d_w_ref[rows, columns], dot_dtype, transpose_a=True)
+
+    def key_pass(column, carry):
+        d_a, kk, d_beta, d_gamma = carry
         columns = pl.ds(column * key_block, key_block)
-        k = k_ref[rows, columns]
-        d_x_w = km.dot(inverse, d_w_ref[rows, columns], dot_dtype, transpose_a=True)
-        d_a += km.dot(d_x_w, w_ref[rows, columns], dot_dtype, transpose_b=True)
+        k, d_x = k_ref[rows, columns], d_x_w(columns)
+        d_a += km.dot(d_x, w_ref[rows, columns], dot_dtype, transpose_b=True)
         kk += km.dot(k, k, dot_dtype, transpose_b=True)
-        d_x_w_dot_k = km.row_sum(d_x_w * k.astype(_F32))  # X_w = diag(beta e^gamma) K
-        d_beta += d_x_w_dot_k * jnp.exp(gamma)
-        d_gamma += d_x_w_dot_k * k_scale
-    for column in range(v_ref.shape[-1] // value_block):
+        d_x_dot_k = km.row_sum(d_x * k.astype(_F32))  # X_w = diag(beta e^gamma) K
+        return d_a, kk, d_beta + d_x_dot_k * jnp.exp(gamma), d_gamma + d_x_dot_k * k_scale
+
+    def value_pass(column, carry):
+        d_a, d_beta = carry
         columns = pl.ds(column * value_block, value_block)
-        v = v_ref[rows, columns].astype(_F32)
         d_x_u = km.dot(inverse, d_u_ref[rows, columns], dot_dtype, transpose_a=True)
         d_a += km.dot(d_x_u, u_ref[rows, columns], dot_dtype, transpose_b=True)
-        d_beta += km.row_sum(d_x_u * v)
         d_v_ref[rows, columns] = (beta[:, None] * d_x_u).astype(d_v_ref.dtype)
-    decay = km.decay_matrix(gamma, gamma, "strict")
-    grad_decayed = -d_a * decay  # G = dA o D, zero off the strict lower triangle
+        return d_a, d_beta + km.row_sum(d_x_u * v_ref[rows, columns].astype(_F32))
+
+    square, vector = jnp.zeros((chunk, chunk), _F32), jnp.zeros((chunk,), _F32)
+    d_a, kk, d_beta, d_gamma = jax.lax.fori_loop(
+        0, key_blocks, key_pass, (square, square, vector, vector)
+    )
+    d_a, d_beta = jax.lax.fori_loop(0, v_ref.shape[-1] // value_block, value_pass, (d_a, d_beta))
+    grad_decayed = -d_a * km.decay_matrix(gamma, gamma, "strict")  # G = dA o D, strict lower
     decayed = grad_decayed * beta[:, None] * kk  # M = dA o A
-    d_gamma += km.row_sum(decayed) - jnp.sum(decayed, axis=0)
-    d_beta += km.row_sum(grad_decayed * kk)
+    d_gamma_ref[rows] = d_gamma + km.row_sum(decayed) - jnp.sum(decayed, axis=0)
+    d_beta_ref[rows] = d_beta + km.row_sum(grad_decayed * kk)
     beta_grad = beta[:, None] * grad_decayed
-    for column in range(k_ref.shape[-1] // key_block):
+
+    def key_output(column, carry):
         columns = pl.ds(column * key_block, key_block)
         k = k_ref[rows, columns]
-        d_x_w = km.dot(inverse, d_w_ref[rows, columns], dot_dtype, transpose_a=True)
-        d_k = d_k_direct_ref[rows, columns] + k_scale[:, None] * d_x_w
+        d_k = d_k_direct_ref[rows, columns] + k_scale[:, None] * d_x_w(columns)
         d_k += km.dot(beta_grad, k, dot_dtype) + km.dot(beta_grad, k, dot_dtype, transpose_a=True)
         d_k_ref[rows, columns] = d_k.astype(d_k_ref.dtype)
-    d_beta_ref[rows] = d_beta
-    d_gamma_ref[rows] = d_gamma
+        return carry
+
+    jax.lax.fori_loop(0, key_blocks, key_output, 0)
 
 
 def ut_backward(k, v, beta, gamma, inverse, w, u, d_w, d_u, d_k_direct, config):
@@ -255,7 +266,5 @@ def ut_backward(k, v, beta, gamma, inverse, w, u, d_w, d_u, d_k_direct, config):
             _specs.shape_of(gamma.shape, _F32),
         ],
         config=config,
-        num_warps=4,
-        num_stages=1,
-        name="gated_delta_rule_ut_backward",
+        name="ut_backward",
     )(k, v, beta, gamma, inverse, w, u, d_w, d_u, d_k_direct)
