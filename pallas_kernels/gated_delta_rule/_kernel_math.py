@@ -13,13 +13,15 @@ DIAGONAL_BLOCK = 16  # rows of the diagonal blocks inverted by forward substitut
 _F32 = jnp.float32
 
 
-def dot(a, b, dot_dtype, *, transpose_a=False, transpose_b=False):
+def dot(a, b, dot_dtype, *, transpose_a=False, transpose_b=False, exact=False):
     """``a @ b`` (optionally transposing either side) on ``dot_dtype`` operands, float32 result.
 
-    float32 operands use ``Precision.HIGHEST`` (IEEE float32, not TF32, on GPU); bfloat16/float16
-    operands run on the tensor cores and accumulate in float32.
+    On GPU the operands go to the tensor cores: bf16/f16 as they are, float32 as TF32 (10-bit
+    mantissa, as flash-linear-attention does), always accumulating in float32. ``exact=True``
+    asks for IEEE float32 (FMA units; used only for the small 16x16 blocks of ``T``). In the
+    CPU interpreter every float32 product is exact float32.
     """
-    precision = jax.lax.Precision.HIGHEST if dot_dtype == _F32 else None
+    precision = jax.lax.Precision.HIGHEST if exact else None
     contract_a = 0 if transpose_a else 1
     contract_b = 1 if transpose_b else 0
     return jax.lax.dot_general(
@@ -93,6 +95,6 @@ def ut_inverse_blocks(k_blocks, beta_blocks, gamma_blocks, dot_dtype):
     inverse = {(i, i): diagonal[i] for i in range(count)}
     for i in range(1, count):
         for j in range(i):
-            acc = sum(dot(a[i, m], inverse[m, j], _F32) for m in range(j, i))
-            inverse[i, j] = -dot(inverse[i, i], acc, _F32)
+            acc = sum(dot(a[i, m], inverse[m, j], _F32, exact=True) for m in range(j, i))
+            inverse[i, j] = -dot(inverse[i, i], acc, _F32, exact=True)
     return inverse

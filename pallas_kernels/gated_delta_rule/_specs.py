@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
@@ -62,8 +63,9 @@ def state_spec(rows, width, heads, bh_axis, column_axis=None):
     return pl.BlockSpec((None, None, rows, width), index_map)
 
 
-# (num_warps, num_stages) per kernel. Chosen offline from the register use ptxas reports for
-# sm_90a at B8 T4096 H16 K=V=128 bf16, chunk 64 (no spills); to be re-tuned on the GPU.
+# (num_warps, num_stages) per kernel for 2-byte operands. Chosen offline from what ptxas reports
+# for sm_90a at B8 T4096 H16 K=V=128 bf16, chunk 64 (no register spills); to be re-tuned on the
+# GPU. float32 operands take one stage: two would need ~290 KiB of shared memory in the sweeps.
 LAUNCH = {
     "prepare": (4, 1),
     "forward_sweep": (4, 2),
@@ -73,10 +75,16 @@ LAUNCH = {
 }
 
 
-def call(kernel, *, grid, in_specs, out_specs, out_shape, config, name):
-    """``pl.pallas_call`` named ``gated_delta_rule_<name>``, with the Triton compiler parameters
-    of ``LAUNCH[name]`` and the configured interpret mode."""
+def launch_settings(name, operand_dtype):
+    """``(num_warps, num_stages)`` of kernel ``name`` for matmul operands of ``operand_dtype``."""
     num_warps, num_stages = LAUNCH[name]
+    return num_warps, (num_stages if jnp.dtype(operand_dtype).itemsize <= 2 else 1)
+
+
+def call(kernel, *, grid, in_specs, out_specs, out_shape, config, name, operand_dtype):
+    """``pl.pallas_call`` named ``gated_delta_rule_<name>``, with the Triton compiler parameters
+    of ``launch_settings`` and the configured interpret mode."""
+    num_warps, num_stages = launch_settings(name, operand_dtype)
     return pl.pallas_call(
         kernel,
         grid=grid,

@@ -31,11 +31,11 @@ Backward (the residuals are only the inputs; everything else is recomputed)
   The chunk-local cumsum of the log decay, the padding and the layout changes are plain JAX
   around a ``custom_vjp``, so their gradients come from autodiff.
 
-Precision: matmul operands are in the input dtype (bf16 on the tensor cores; float32 inputs use
-IEEE float32) and accumulate in float32; ``T`` is built in float32, the carried state and the
-gradients of the gates are float32. What is stored only to be a matmul operand later (``W``,
-``U~``, ``T``, the scores, the chunk states, ``V_new``) is stored in the input dtype; ``dV_new``
-and the partial gradients are float32. Every exponent is a difference of cumulative log decays
+Precision: matmul operands are in the input dtype (bf16 on the tensor cores; float32 inputs as
+TF32 on the GPU, exact in the interpreter) and accumulate in float32; ``T`` is built in IEEE
+float32; the carried state and the gradients of the gates are float32. What is stored only to
+be a matmul operand later (``W``, ``U~``, ``T``, the scores, the chunk states, ``V_new``) is
+stored in the input dtype; ``dV_new`` and the partial gradients are float32. Every exponent is a difference of cumulative log decays
 with ``j <= i`` (<= 0), or ``gamma`` itself, masked to ``-inf`` before ``exp``.
 """
 
@@ -122,6 +122,7 @@ def prepare(q, k, v, beta, gamma, config: KernelConfig, *, emit_inverse: bool):
         out_shape=out_shape,
         config=config,
         name="prepare",
+        operand_dtype=k.dtype,
     )(q, k, v, beta, gamma)
 
 
@@ -201,6 +202,7 @@ def forward_sweep(q, k, w, u, scores, gamma, initial_state, config, *, emit_outp
         out_shape=out_shape,
         config=config,
         name="forward_sweep",
+        operand_dtype=k.dtype,
     )(q, k, w, u, scores, gamma, initial_state)
 
 

@@ -85,6 +85,7 @@ def backward_sweep(q, k, w, scores, gamma, d_o, d_final, config):
         ],
         config=config,
         name="backward_sweep",
+        operand_dtype=k.dtype,
     )(q, k, w, scores, gamma, d_o, d_final)
 
 
@@ -173,6 +174,7 @@ def chunk_gradients(q, k, v_new, d_o, d_v_new, states, d_states, gamma, config):
         ],
         config=config,
         name="chunk_gradients",
+        operand_dtype=k.dtype,
     )(q, k, v_new, d_o, d_v_new, states, d_states, gamma)
 
 
@@ -267,4 +269,5 @@ def ut_backward(k, v, beta, gamma, inverse, w, u, d_w, d_u, d_k_direct, config):
         ],
         config=config,
         name="ut_backward",
+        operand_dtype=k.dtype,
     )(k, v, beta, gamma, inverse, w, u, d_w, d_u, d_k_direct)

@@ -1,13 +1,14 @@
 """gated_delta_rule: every impl against the token-by-token reference, forward and backward.
 
 Tolerances are on ``max |x - reference| / max(1, max |reference|)``:
-- float32: 1e-4. All paths compute in float32 (Pallas matmuls at HIGHEST precision); what
-  differs is summation order over at most a few thousand terms.
-- bfloat16: 6e-2 (Pallas) and 2e-2 (XLA). Both impls see the same bf16-rounded inputs as the
-  reference; the Pallas kernels also round matmul operands and the stored ``W``, ``U~``, scores,
-  states and ``V_new`` to bf16 (relative step 2^-8 = 3.9e-3), and these roundings compound
-  through the chunk recurrence and the UT transform; XLA computes in float32 after the input
-  rounding, so only its final cast to bf16 differs.
+- float32: 1e-5. All paths compute in float32 (Pallas matmuls at HIGHEST precision) and differ
+  only in summation order; observed errors are <= 1e-6 up to T = 4096 (float32 eps 1.2e-7).
+- bfloat16, Pallas: 3e-2. The reference sees the same bf16-rounded inputs, but the kernels also
+  round matmul operands and the stored ``W``, ``U~``, ``T``, scores, states and ``V_new`` to bf16
+  (relative step 2^-8 = 3.9e-3), compounding through the chunk recurrence and the UT transform;
+  observed errors are <= 1e-2.
+- bfloat16, XLA: 1e-2. It computes in float32 after the input rounding, so only the final
+  rounding of ``o`` and of the gradients to bf16 differs: one bf16 step, 3.9e-3.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec
 from pallas_kernels import gated_delta_rule
 from pallas_kernels.gated_delta_rule.triton import gated_delta_rule_pallas
 
-F32_TOL = 1e-4
-BF16_TOL = {"xla": 2e-2, "pallas": 6e-2}
+F32_TOL = 1e-5
+BF16_TOL = {"xla": 1e-2, "pallas": 3e-2}
 
 
 def make_inputs(shape, dtype, *, decay=True, initial=True, seed=0):
