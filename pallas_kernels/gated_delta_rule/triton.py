@@ -7,19 +7,22 @@ The math is the WY / UT-transform form derived in ``xla.py`` (chunk ``C``, cumul
 Forward (two kernels)
   1. ``prepare`` -- grid ``(chunks, B*H)``, fully parallel. Builds ``A`` in 16x16 blocks,
      inverts the diagonal blocks by forward substitution in registers, fills the blocks below
-     by block forward substitution, and writes ``W`` and ``U~`` (and, for the backward, ``T``).
+     by block forward substitution, and writes ``W``, ``U~`` and the decayed causal scores
+     ``P = (Q K^T) o D`` (and, for the backward, ``T``). Everything that does not depend on
+     the state leaves the sequential kernel.
   2. ``forward sweep`` -- grid ``(V / value_block, B*H)``; each program walks the chunks in order
      with its ``[K, value_block]`` float32 state slice on chip (``fori_loop``), computing
-     ``V_new``, the output ``o = scale (diag(e^gamma) Q S + (Q K^T o decay) V_new)`` and the next
-     state. Nothing per chunk is written except ``o``, unless the backward asks for the
-     chunk-start states and ``V_new``.
+     ``V_new = U~ - W S``, ``o = scale (e^gamma o (Q S) + P V_new)`` and the next state
+     ``e^gamma_C S + K^T (e^(gamma_C - gamma) o V_new)``: four matmuls per chunk. Nothing per
+     chunk is written except ``o``, unless the backward asks for the chunk-start states and
+     ``V_new``.
 
 Backward (the residuals are only the inputs; everything else is recomputed)
   1. ``prepare`` again (with ``T``), and the forward sweep in "states" mode: chunk-start states
      ``S_c`` and ``V_new``.
   2. ``backward sweep`` (``triton_backward.py``) -- the reverse walk over chunks carrying
      ``dS`` (gradient of the state at the chunk's end) on chip: stores ``dS`` per chunk and
-     ``dV_new = scale (Q K^T o decay)^T dO + diag(e^(gamma_C - gamma)) K dS``, and updates
+     ``dV_new = scale P^T dO + diag(e^(gamma_C - gamma)) K dS``, and updates
      ``dS <- e^gamma_C dS + scale (diag(e^gamma) Q)^T dO - W^T dV_new``; the last value is the
      gradient of the initial state.
   3. ``chunk gradients`` -- grid ``(K / key_block, chunks, B*H)``, parallel: dq, the part of dk
@@ -35,8 +38,13 @@ Precision: matmul operands are in the input dtype (bf16 on the tensor cores; flo
 TF32 on the GPU, exact in the interpreter) and accumulate in float32; ``T`` is built in IEEE
 float32; the carried state and the gradients of the gates are float32. What is stored only to
 be a matmul operand later (``W``, ``U~``, ``T``, the scores, the chunk states, ``V_new``) is
-stored in the input dtype; ``dV_new`` and the partial gradients are float32. Every exponent is a difference of cumulative log decays
-with ``j <= i`` (<= 0), or ``gamma`` itself, masked to ``-inf`` before ``exp``.
+stored in the input dtype; ``dV_new`` and the partial gradients are float32. Every exponent is
+a difference of cumulative log decays with ``j <= i`` (<= 0), or ``gamma`` itself; masked
+entries are set to ``-inf`` before ``exp``.
+
+Launch settings (``_specs.LAUNCH``) were chosen from ptxas reports without a GPU
+(``benchmarks/gated_delta_rule_ptxas.py``); timings need ``benchmarks/gated_delta_rule_bench.py``
+on the GPU.
 """
 
 from __future__ import annotations
