@@ -72,3 +72,28 @@ def shard_local(
         return fn
     in_specs = tuple(PartitionSpec() if s is None else s for s in in_specs)
     return jax.shard_map(fn, in_specs=in_specs, out_specs=out_specs, check_vma=False)
+
+
+def check_partition_spec(partition_spec, num_dims: int) -> None:
+    """Raise unless ``partition_spec`` is None or a PartitionSpec over at most ``num_dims`` leading
+    axes of a ``[B, T, ...]`` input whose time entry (axis 1) is None (ops scan along time)."""
+    if partition_spec is None:
+        return
+    if not isinstance(partition_spec, PartitionSpec):
+        raise ValueError(f"partition_spec must be a jax.sharding.PartitionSpec, got {partition_spec!r}")
+    if len(partition_spec) > num_dims:
+        raise ValueError(
+            f"partition_spec {partition_spec} has {len(partition_spec)} entries; the inputs have "
+            f"{num_dims} axes"
+        )
+    if len(partition_spec) > 1 and partition_spec[1] is not None:
+        raise ValueError(
+            f"partition_spec must not shard the time axis (entry 1), got {partition_spec[1]!r} "
+            f"in {partition_spec}"
+        )
+
+
+def drop_time_axis(partition_spec: PartitionSpec) -> PartitionSpec:
+    """The spec of a per-sequence state ``[B, ...]`` from the spec of a ``[B, T, ...]`` input."""
+    entries = tuple(partition_spec)
+    return PartitionSpec(*(entries[:1] + entries[2:]))
