@@ -25,7 +25,14 @@ def resolve_impl(impl: str) -> str:
 
 
 def interpret_mode() -> bool:
-    """Pallas kernels run in interpret mode where there is no GPU/TPU to compile them for."""
+    """Pallas kernels run in interpret mode where there is no GPU/TPU to compile them for.
+
+    The target is the abstract device of the current abstract mesh when one is set (ahead-of-time
+    lowering for a GPU from a CPU machine, ``jax.sharding.use_abstract_mesh``), else the backend.
+    """
+    device = jax.sharding.get_abstract_mesh().abstract_device
+    if device is not None:
+        return device.platform == "cpu"
     return jax.default_backend() == "cpu"
 
 
