@@ -4,6 +4,7 @@ One folder per op (``reference.py``, ``xla.py``, ``triton.py``, ``__init__.py``)
 docstring for its definition and shapes.
 """
 
+from pallas_kernels.chunk_gla import chunk_gla
 from pallas_kernels.linear_scan import linear_scan
 
-__all__ = ["linear_scan"]
+__all__ = ["chunk_gla", "linear_scan"]
