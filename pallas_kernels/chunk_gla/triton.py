@@ -9,7 +9,8 @@ re-reads every chunk state: 4 bytes * K * V per chunk, twice the size of q, k, v
 K = V = 128, chunk 64). With B * H * V / 64 programs (256 at B=8, H=16, V=128) an H200 holds
 them all at once, so the chunk loop's latency overlaps across programs. The backward does the
 same in reverse time, one program per (batch, head) carrying dL/dS; it reads the forward's chunk
-states (stored only when differentiating) instead of recomputing them.
+states instead of recomputing them (stored only when differentiating, in the input dtype: the
+precision the forward's own inter-chunk matmul used).
 
 Math per chunk (see xla.py): G_t = cumulative log decay within the chunk, L = last token,
 A_ts = scale * sum_k q_tk k_sk e^{G_tk - G_sk} for s <= t, masked to -inf before ``exp``.
@@ -44,6 +45,8 @@ from jax.experimental.pallas import triton as pl_triton
 from pallas_kernels import _common
 
 BLOCK_V = 64
+FORWARD_WARPS = 8
+BACKWARD_WARPS = 8
 
 
 def _dot(a, b, contract=(1, 0)):
@@ -131,7 +134,7 @@ def _forward_kernel(q_ref, k_ref, v_ref, decay_ref, initial_ref, o_ref, final_re
         q, k, v = q_ref[batch, rows, head, :], k_ref[batch, rows, head, :], v_ref[batch, rows, head, values]
         cum, last = _load_decays(decay_ref, batch, head, first, chunk_size, vector_decay)
         if states_ref:
-            states_ref[0][batch, head, n, :, values] = state
+            states_ref[0][batch, head, n, :, values] = state.astype(dtype)
         inter = scale * _dot((q * jnp.exp(cum)).astype(dtype), state.astype(dtype))
         if vector_decay:
             q32 = q.astype(jnp.float32)
@@ -147,17 +150,20 @@ def _forward_kernel(q_ref, k_ref, v_ref, decay_ref, initial_ref, o_ref, final_re
     final_ref[batch, head, :, values] = jax.lax.fori_loop(0, q_ref.shape[1] // chunk_size, chunk, state)
 
 
-def forward(q, k, v, cum_decay, initial_state, *, scale, chunk_size, store_states, block_v=BLOCK_V):
+def forward(
+    q, k, v, cum_decay, initial_state, *, scale, chunk_size, store_states, block_v=None, num_warps=None
+):
     """``(o, final_state, chunk_states or None)`` from padded inputs (layouts in the module docstring)."""
     batch, steps, heads, key_dim = q.shape
     value_dim = v.shape[-1]
-    block_v = min(block_v, value_dim)
+    block_v = min(block_v or BLOCK_V, value_dim)
+    num_warps = num_warps or FORWARD_WARPS
     vector_decay = cum_decay.ndim == 4
     state_shape = (batch, heads, key_dim, value_dim)
     out_shapes = [jax.ShapeDtypeStruct(v.shape, v.dtype), jax.ShapeDtypeStruct(state_shape, jnp.float32)]
     if store_states:
         chunk_states = (batch, heads, steps // chunk_size, key_dim, value_dim)
-        out_shapes.append(jax.ShapeDtypeStruct(chunk_states, jnp.float32))
+        out_shapes.append(jax.ShapeDtypeStruct(chunk_states, q.dtype))
     kernel = functools.partial(
         _forward_kernel, chunk_size=chunk_size, scale=scale, vector_decay=vector_decay, block_v=block_v
     )
@@ -166,7 +172,7 @@ def forward(q, k, v, cum_decay, initial_state, *, scale, chunk_size, store_state
         grid=(batch, heads, value_dim // block_v),
         out_shape=tuple(out_shapes),
         interpret=_common.interpret_mode(),
-        compiler_params=pl_triton.CompilerParams(num_warps=4, num_stages=2),
+        compiler_params=pl_triton.CompilerParams(num_warps=num_warps, num_stages=2),
         name="chunk_gla_forward",
     )(q, k, v, cum_decay, initial_state)
     return outputs[0], outputs[1], (outputs[2] if store_states else None)
@@ -195,7 +201,7 @@ def _backward_kernel(q_ref, k_ref, v_ref, decay_ref, do_ref, states_ref, dfinal_
         rows = pl.ds(first, chunk_size)
         q, k, v, do = (ref[batch, rows, head, :] for ref in (q_ref, k_ref, v_ref, do_ref))
         cum, last = _load_decays(decay_ref, batch, head, first, chunk_size, vector_decay)
-        state = states_ref[batch, head, n].astype(dtype)
+        state = states_ref[batch, head, n]
         q_decayed = (q * jnp.exp(cum)).astype(dtype)
         k_to_end = k * jnp.exp(last - cum)
         dq = scale * jnp.exp(cum) * _dot(do, state, (1, 1))
@@ -214,9 +220,10 @@ def _backward_kernel(q_ref, k_ref, v_ref, decay_ref, do_ref, states_ref, dfinal_
     dinitial_ref[batch, head] = jax.lax.fori_loop(0, num_chunks, chunk, dfinal_ref[batch, head])
 
 
-def backward(q, k, v, cum_decay, do, chunk_states, dfinal, *, scale, chunk_size):
+def backward(q, k, v, cum_decay, do, chunk_states, dfinal, *, scale, chunk_size, num_warps=None):
     """``(dq, dk float32, dv in v.dtype, dinitial float32)`` from padded inputs and forward states."""
     batch, _, heads, _ = q.shape
+    num_warps = num_warps or BACKWARD_WARPS
     kernel = functools.partial(
         _backward_kernel, chunk_size=chunk_size, scale=scale, vector_decay=cum_decay.ndim == 4
     )
@@ -231,6 +238,6 @@ def backward(q, k, v, cum_decay, do, chunk_states, dfinal, *, scale, chunk_size)
         grid=(batch, heads),
         out_shape=out_shapes,
         interpret=_common.interpret_mode(),
-        compiler_params=pl_triton.CompilerParams(num_warps=8, num_stages=1),
+        compiler_params=pl_triton.CompilerParams(num_warps=num_warps, num_stages=1),
         name="chunk_gla_backward",
     )(q, k, v, cum_decay, do, chunk_states, dfinal)
