@@ -4,13 +4,15 @@ Design (why one sequential-over-chunks kernel per direction). Per chunk the work
 [C, K] x [K, V]-sized matmuls; the state is [K, V]. The forward runs one program per
 (batch, head, V-block) that walks the chunks in order and keeps the float32 state in registers:
 each chunk reads q, k, v and the cumulative log decays once, writes o once, and the state never
-touches HBM (the alternative, a states kernel plus a chunk-parallel output kernel, writes and
-re-reads every chunk state: 4 bytes * K * V per chunk, twice the size of q, k, v together at
-K = V = 128, chunk 64). With B * H * V / 64 programs (256 at B=8, H=16, V=128) an H200 holds
-them all at once, so the chunk loop's latency overlaps across programs. The backward does the
-same in reverse time, one program per (batch, head) carrying dL/dS; it reads the forward's chunk
-states instead of recomputing them (stored only when differentiating, in the input dtype: the
-precision the forward's own inter-chunk matmul used).
+touches HBM. The two-kernel alternative (per-chunk states, then a chunk-parallel output kernel)
+writes and re-reads every chunk state: 64 KiB per chunk and head in float32 at K = V = 128, more
+than the chunk's q, k, v together (48 KiB in bfloat16). The price is parallelism: B * H * V / 64
+programs (256 at B=8, H=16, V=128). Compiled offline for sm_90, the forward at 8 warps uses ~250
+registers per thread without spills, so one program fits per SM and the grid runs in two waves
+over 132 SMs; BLOCK_V = 32 at 4 warps (512 programs, two per SM) is the other configuration to
+measure. The backward does the same in reverse time, one program per (batch, head) carrying
+dL/dS; it reads the forward's chunk states instead of recomputing them (stored only when
+differentiating, in the input dtype: the precision the forward's own inter-chunk matmul used).
 
 Math per chunk (see xla.py): G_t = cumulative log decay within the chunk, L = last token,
 A_ts = scale * sum_k q_tk k_sk e^{G_tk - G_sk} for s <= t, masked to -inf before ``exp``.
@@ -26,16 +28,17 @@ The last line is done outside the kernels (a reverse cumulative sum over time; p
 also sum over K). Per-head decay: A is a masked matmul (tensor cores). Per-key-channel decay: A
 needs e^{G_tk - G_sk} per channel, so A's columns are built one token s at a time from a [C, K]
 tile (C^2 K work on CUDA cores) while the inter-chunk terms stay matmuls. Matmul operands are in
-the input dtype with float32 accumulation; states and dq, dk are float32.
+the input dtype with float32 accumulation; the carried states and dq, dk are float32.
 
 Layouts: q, k [B, T, H, K]; v, o [B, T, H, V]; cumulative decays float32, [B, H, T] (per head) or
 [B, T, H, K]; states [B, H, K, V]. T is a multiple of the chunk size and K, V powers of two >= 16
-(the wrapper in ``ops.py`` pads).
+(``chunk_gla`` in ``__init__.py`` pads). Offsets are int32: every array below 2**31 elements.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -123,7 +126,11 @@ def _vector_intra_grads(q, do, cum, k_ref, v_ref, decay_ref, batch, head, first,
     return jax.lax.fori_loop(0, q.shape[0], column, zeros)
 
 
-def _forward_kernel(q_ref, k_ref, v_ref, decay_ref, initial_ref, o_ref, final_ref, *states_ref, chunk_size, scale, vector_decay, block_v):
+def _forward_kernel(
+    q_ref, k_ref, v_ref, decay_ref, initial_ref,  # inputs
+    o_ref, final_ref, *states_ref,  # outputs; states_ref is empty unless the states are stored
+    chunk_size, scale, vector_decay, block_v,
+):
     batch, head = pl.program_id(0), pl.program_id(1)
     values = pl.ds(pl.program_id(2) * block_v, block_v)
     dtype = q_ref.dtype
@@ -138,7 +145,9 @@ def _forward_kernel(q_ref, k_ref, v_ref, decay_ref, initial_ref, o_ref, final_re
         inter = scale * _dot((q * jnp.exp(cum)).astype(dtype), state.astype(dtype))
         if vector_decay:
             q32 = q.astype(jnp.float32)
-            intra = _vector_intra_output(q32, cum, k_ref, v_ref, decay_ref, batch, head, first, values, scale, block_v)
+            intra = _vector_intra_output(
+                q32, cum, k_ref, v_ref, decay_ref, batch, head, first, values, scale, block_v
+            )
         else:
             scores = _dot(q, k, (1, 1)) * _scalar_decay_matrix(cum, scale)
             intra = _dot(scores.astype(dtype), v)
@@ -150,11 +159,20 @@ def _forward_kernel(q_ref, k_ref, v_ref, decay_ref, initial_ref, o_ref, final_re
     final_ref[batch, head, :, values] = jax.lax.fori_loop(0, q_ref.shape[1] // chunk_size, chunk, state)
 
 
+def _check_int32_addressable(**arrays) -> None:
+    """Triton offsets are int32: refuse arrays the kernels could not address."""
+    for name, shape in arrays.items():
+        if math.prod(shape) >= 2**31:
+            raise ValueError(f"{name} of shape {tuple(shape)} has >= 2**31 elements; split the batch")
+
+
 def forward(
     q, k, v, cum_decay, initial_state, *, scale, chunk_size, store_states, block_v=None, num_warps=None
 ):
     """``(o, final_state, chunk_states or None)`` from padded inputs (layouts in the module docstring)."""
     batch, steps, heads, key_dim = q.shape
+    states_shape = (batch, heads, steps // chunk_size, key_dim, v.shape[-1])
+    _check_int32_addressable(q=q.shape, v=v.shape, chunk_states=states_shape if store_states else (0,))
     value_dim = v.shape[-1]
     block_v = min(block_v or BLOCK_V, value_dim)
     num_warps = num_warps or FORWARD_WARPS
@@ -190,7 +208,11 @@ def _scalar_intra_grads(q, k, v, do, cum, scale):
     return dq, dk, dv
 
 
-def _backward_kernel(q_ref, k_ref, v_ref, decay_ref, do_ref, states_ref, dfinal_ref, dq_ref, dk_ref, dv_ref, dinitial_ref, *, chunk_size, scale, vector_decay):
+def _backward_kernel(
+    q_ref, k_ref, v_ref, decay_ref, do_ref, states_ref, dfinal_ref,  # inputs
+    dq_ref, dk_ref, dv_ref, dinitial_ref,  # outputs
+    *, chunk_size, scale, vector_decay,
+):
     batch, head = pl.program_id(0), pl.program_id(1)
     num_chunks = q_ref.shape[1] // chunk_size
     dtype = q_ref.dtype

@@ -16,6 +16,7 @@ Backward:  g_t = a_{t+1} g_{t+1} + dh_t,  db_t = g_t,  da_t = g_t h_{t-1},  dini
 
 ``reverse=True`` swaps the roles of t-1 and t+1 everywhere. Shapes: ``a, b, h: [B, T, D]``,
 ``initial: [B, D]`` float32; ``D`` must be a multiple of ``block_channels`` (the wrapper pads).
+Offsets are int32, so an array must have fewer than 2**31 elements.
 Time needs no padding: the tail ``T mod block_time`` is unrolled statically.
 """
 
@@ -146,8 +147,15 @@ def _call(kernel, inputs, out_shapes, num_batch, num_channels, block, block_time
     )(*inputs)
 
 
+def _check_int32_addressable(x) -> None:
+    """Triton offsets are int32: refuse arrays the kernel could not address."""
+    if x.size >= 2**31:
+        raise ValueError(f"a of shape {tuple(x.shape)} has >= 2**31 elements; split the batch")
+
+
 def scan_forward(a, b, initial, reverse: bool, *, block_channels=BLOCK_CHANNELS, block_time=None):
     """``h`` in the result dtype of ``(a, b)``; ``initial`` is float32 ``[B, D]``."""
+    _check_int32_addressable(a)
     num_batch, _, num_channels = a.shape
     block, padded = _launch_shape(num_channels, block_channels)
     inputs = (_pad_channels(a, block, 1.0), _pad_channels(b, block, 0.0), _pad_channels(initial, block, 0.0))
