@@ -67,7 +67,7 @@ def _assert_all_close(actual, expected, tolerance, impl):
 CASES = [
     # (B, T, H, K, V), vector decay, with initial state, dtype
     ((2, 37, 2, 16, 32), False, True, jnp.float32),  # ragged T over 3 chunks, K != V, H > 1
-    ((1, 50, 1, 20, 24), True, False, jnp.float32),  # per-channel decay, K and V padded, no initial state
+    ((1, 50, 1, 20, 72), True, False, jnp.float32),  # per-channel decay, K and V padded (V: 2 blocks), no initial
     ((1, 1, 2, 16, 16), False, True, jnp.bfloat16),  # T = 1
     ((1, 40, 2, 16, 16), True, True, jnp.bfloat16),
 ]
