@@ -33,6 +33,7 @@ the input dtype with float32 accumulation; the carried states and dq, dk are flo
 Layouts: q, k [B, T, H, K]; v, o [B, T, H, V]; cumulative decays float32, [B, H, T] (per head) or
 [B, T, H, K]; states [B, H, K, V]. T is a multiple of the chunk size and K, V powers of two >= 16
 (``chunk_gla`` in ``__init__.py`` pads). Offsets are int32: every array below 2**31 elements.
+Tiles are sized for K, V <= 128 (a [K, BV] state per program); larger K needs a K-split.
 """
 
 from __future__ import annotations
@@ -50,6 +51,10 @@ from pallas_kernels import _common
 BLOCK_V = 64
 FORWARD_WARPS = 8
 BACKWARD_WARPS = 8
+# V-block of the backward by input itemsize. Compiled offline for sm_90 at K = V = 128, chunk 64,
+# the float32 backward needs 240 KiB of shared memory at BV = 64 (over the H200's 227 KiB per
+# block) and 184 KiB at BV = 32; bfloat16 needs 64 KiB at BV = 64.
+BACKWARD_BLOCK_V = {2: 64, 4: 32}
 
 
 def _dot(a, b, contract=(1, 0)):
@@ -105,14 +110,15 @@ def _vector_intra_output(q, cum, k_ref, v_ref, decay_ref, batch, head, first, va
     return jax.lax.fori_loop(0, q.shape[0], column, acc)
 
 
-def _vector_intra_grads(q, do, cum, k_ref, v_ref, decay_ref, batch, head, first, scale):
-    """Intra-chunk parts of ``(dq, dk, dv)`` for per-channel decays, one key token s at a time."""
+def _vector_intra_grads(q, do, cum, k_ref, v_ref, decay_ref, batch, head, first, values, scale):
+    """Intra-chunk parts of ``(dq, dk, dv)`` for per-channel decays, one key token s at a time
+    (dq, dk: this V-block's share of the sum over V)."""
     whole = slice(None)
     rows, _ = _causal(q.shape[0])
 
     def column(s, grads):
         dq, dk, dv = grads
-        k_s, cum_s, v_s = _token_rows((k_ref, decay_ref, v_ref), batch, head, first + s, (whole,) * 3)
+        k_s, cum_s, v_s = _token_rows((k_ref, decay_ref, v_ref), batch, head, first + s, (whole, whole, values))
         decay = _column_decay(cum, cum_s, s)  # [C, K], zero for t < s
         score = scale * jnp.sum(q * k_s * decay, axis=1, keepdims=True)  # A[:, s]
         dscore = scale * jnp.sum(do * v_s, axis=1, keepdims=True)  # scale * (do v^T)[:, s]
@@ -210,10 +216,11 @@ def _scalar_intra_grads(q, k, v, do, cum, scale):
 
 def _backward_kernel(
     q_ref, k_ref, v_ref, decay_ref, do_ref, states_ref, dfinal_ref,  # inputs
-    dq_ref, dk_ref, dv_ref, dinitial_ref,  # outputs
-    *, chunk_size, scale, vector_decay,
+    dq_ref, dk_ref, dv_ref, dinitial_ref,  # outputs; dq, dk: one partial sum per V-block
+    *, chunk_size, scale, vector_decay, block_v,
 ):
-    batch, head = pl.program_id(0), pl.program_id(1)
+    batch, head, value_block = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    values = pl.ds(value_block * block_v, block_v)
     num_chunks = q_ref.shape[1] // chunk_size
     dtype = q_ref.dtype
 
@@ -221,9 +228,10 @@ def _backward_kernel(
         n = num_chunks - 1 - j
         first = n * chunk_size
         rows = pl.ds(first, chunk_size)
-        q, k, v, do = (ref[batch, rows, head, :] for ref in (q_ref, k_ref, v_ref, do_ref))
+        q, k = q_ref[batch, rows, head, :], k_ref[batch, rows, head, :]
+        v, do = v_ref[batch, rows, head, values], do_ref[batch, rows, head, values]
         cum, last = _load_decays(decay_ref, batch, head, first, chunk_size, vector_decay)
-        state = states_ref[batch, head, n]
+        state = states_ref[batch, head, n, :, values]
         q_decayed = (q * jnp.exp(cum)).astype(dtype)
         k_to_end = k * jnp.exp(last - cum)
         dq = scale * jnp.exp(cum) * _dot(do, state, (1, 1))
@@ -231,35 +239,43 @@ def _backward_kernel(
         dv = _dot(k_to_end.astype(dtype), dstate.astype(dtype))
         if vector_decay:
             q32, do32 = q.astype(jnp.float32), do.astype(jnp.float32)
-            intra = _vector_intra_grads(q32, do32, cum, k_ref, v_ref, decay_ref, batch, head, first, scale)
+            intra = _vector_intra_grads(q32, do32, cum, k_ref, v_ref, decay_ref, batch, head, first, values, scale)
         else:
             intra = _scalar_intra_grads(q, k, v, do, cum, scale)
-        dq_ref[batch, rows, head, :] = dq + intra[0]
-        dk_ref[batch, rows, head, :] = dk + intra[1]
-        dv_ref[batch, rows, head, :] = (dv + intra[2]).astype(dv_ref.dtype)
+        dq_ref[value_block, batch, rows, head, :] = dq + intra[0]
+        dk_ref[value_block, batch, rows, head, :] = dk + intra[1]
+        dv_ref[batch, rows, head, values] = (dv + intra[2]).astype(dv_ref.dtype)
         return jnp.exp(last).reshape(-1, 1) * dstate + scale * _dot(q_decayed, do, (0, 0))
 
-    dinitial_ref[batch, head] = jax.lax.fori_loop(0, num_chunks, chunk, dfinal_ref[batch, head])
+    dstate = jax.lax.fori_loop(0, num_chunks, chunk, dfinal_ref[batch, head, :, values])
+    dinitial_ref[batch, head, :, values] = dstate
 
 
-def backward(q, k, v, cum_decay, do, chunk_states, dfinal, *, scale, chunk_size, num_warps=None):
-    """``(dq, dk float32, dv in v.dtype, dinitial float32)`` from padded inputs and forward states."""
+def backward(q, k, v, cum_decay, do, chunk_states, dfinal, *, scale, chunk_size, block_v=None, num_warps=None):
+    """``(dq, dk float32, dv in v.dtype, dinitial float32)`` from padded inputs and forward states.
+
+    Programs split V into blocks (more programs, half the [K, V] tiles per program at V = 128);
+    dq and dk sum over V, so each block writes its partial sum and XLA adds them.
+    """
     batch, _, heads, _ = q.shape
-    num_warps = num_warps or BACKWARD_WARPS
+    value_dim = v.shape[-1]
+    block_v = min(block_v or BACKWARD_BLOCK_V.get(jnp.dtype(q.dtype).itemsize, 32), value_dim)
+    num_value_blocks = value_dim // block_v
     kernel = functools.partial(
-        _backward_kernel, chunk_size=chunk_size, scale=scale, vector_decay=cum_decay.ndim == 4
+        _backward_kernel, chunk_size=chunk_size, scale=scale, vector_decay=cum_decay.ndim == 4, block_v=block_v
     )
     out_shapes = (
-        jax.ShapeDtypeStruct(q.shape, jnp.float32),
-        jax.ShapeDtypeStruct(k.shape, jnp.float32),
+        jax.ShapeDtypeStruct((num_value_blocks,) + q.shape, jnp.float32),
+        jax.ShapeDtypeStruct((num_value_blocks,) + k.shape, jnp.float32),
         jax.ShapeDtypeStruct(v.shape, v.dtype),
         jax.ShapeDtypeStruct(dfinal.shape, jnp.float32),
     )
-    return pl.pallas_call(
+    dq, dk, dv, dinitial = pl.pallas_call(
         kernel,
-        grid=(batch, heads),
+        grid=(batch, heads, num_value_blocks),
         out_shape=out_shapes,
         interpret=_common.interpret_mode(),
-        compiler_params=pl_triton.CompilerParams(num_warps=num_warps, num_stages=1),
+        compiler_params=pl_triton.CompilerParams(num_warps=num_warps or BACKWARD_WARPS, num_stages=1),
         name="chunk_gla_backward",
     )(q, k, v, cum_decay, do, chunk_states, dfinal)
+    return jnp.sum(dq, axis=0), jnp.sum(dk, axis=0), dv, dinitial
