@@ -96,7 +96,8 @@ def compile_for_sm90(paths: list[str]) -> None:
     ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas-blackwell"
     for path in paths:
         warps, stages = map(int, re.search(r"\.w(\d+)\.s(\d+)\.ttir$", path).groups())
-        kernel = triton.compile(path, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
+        options = dict(num_warps=warps, num_stages=stages)
+        kernel = triton.compile(path, target=GPUTarget("cuda", 90, 32), options=options)
         ptx = Path(path).with_suffix(".ptx")
         ptx.write_text(kernel.asm["ptx"])
         log = subprocess.run([str(ptxas), "-v", "--gpu-name=sm_90a", str(ptx), "-o", "/dev/null"],

@@ -120,7 +120,10 @@ def _bad(**overrides):
         (_bad(q=(2, 8, 16), k=(2, 8, 16)), r"q must have shape \[B, T, H, K\] \(rank 4\), got \(2, 8, 16\)"),
         (_bad(log_decay=(2, 8, 3, 4)), r"log_decay must have shape \[B, T, H\] or \[B, T, H, K\] = \(2, 8, 3, 16\)"),
         (_bad(log_decay=(2, 8, 4)), r"log_decay must have shape \[B, T, H\] = \(2, 8, 3\), got \(2, 8, 4\)"),
-        (_bad(initial_state=jnp.zeros((2, 3, 32, 16))), r"initial_state must have shape \[B, H, K, V\] = \(2, 3, 16, 32\)"),
+        (
+            _bad(initial_state=jnp.zeros((2, 3, 32, 16))),
+            r"initial_state must have shape \[B, H, K, V\] = \(2, 3, 16, 32\), got \(2, 3, 32, 16\)",
+        ),
         (_bad(chunk_size=48), "chunk_size must be a power of two >= 16, got 48"),
         (_bad(partition_spec=P(None, "data")), "must not shard the time axis"),
     ],
