@@ -15,25 +15,28 @@ from jax.sharding import PartitionSpec
 IMPLS = ("auto", "reference", "xla", "pallas")
 
 
+def _target_is_cpu() -> bool:
+    """Whether code is being built for a CPU: the abstract device of the current abstract mesh when
+    one is set (ahead-of-time lowering for a GPU from a CPU machine, ``jax.sharding.use_abstract_mesh``),
+    else the default backend."""
+    device = jax.sharding.get_abstract_mesh().abstract_device
+    if device is not None:
+        return device.platform == "cpu"
+    return jax.default_backend() == "cpu"
+
+
 def resolve_impl(impl: str) -> str:
     """Map ``impl`` to a concrete implementation: ``auto`` is ``pallas`` on GPU/TPU, ``xla`` on CPU."""
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     if impl == "auto":
-        return "xla" if jax.default_backend() == "cpu" else "pallas"
+        return "xla" if _target_is_cpu() else "pallas"
     return impl
 
 
 def interpret_mode() -> bool:
-    """Pallas kernels run in interpret mode where there is no GPU/TPU to compile them for.
-
-    The target is the abstract device of the current abstract mesh when one is set (ahead-of-time
-    lowering for a GPU from a CPU machine, ``jax.sharding.use_abstract_mesh``), else the backend.
-    """
-    device = jax.sharding.get_abstract_mesh().abstract_device
-    if device is not None:
-        return device.platform == "cpu"
-    return jax.default_backend() == "cpu"
+    """Pallas kernels run in interpret mode where there is no GPU/TPU to compile them for."""
+    return _target_is_cpu()
 
 
 def check_float(name: str, x) -> None:
