@@ -73,6 +73,8 @@ class ModelConfig:
     max_seq_len: int = describe("longest sequence the model accepts (training rows and decoding)", 4096)
     compute_dtype: str = describe("activation / matmul dtype: float32 | bfloat16 (params stay float32)",
                                   "float32")
+    kernel_impl: str = describe(
+        "pallas_kernels implementation for recurrent mixers: auto | xla | pallas | reference", "auto")
     remat: str = describe("rematerialisation per layer: none | full | dots | names", "none")
     init_std: float = describe("standard deviation of the normal initialiser of weights", 0.02)
     attention: AttentionConfig = describe("attention settings", factory=AttentionConfig)
@@ -90,6 +92,8 @@ class ModelConfig:
         _require(len(self.mixers) >= 1, "model.mixers", "needs at least one layer")
         _require(self.compute_dtype in ("float32", "bfloat16"), "model.compute_dtype",
                  f"must be float32 or bfloat16, got {self.compute_dtype!r}")
+        _require(self.kernel_impl in ("auto", "xla", "pallas", "reference"), "model.kernel_impl",
+                 f"must be auto, xla, pallas or reference, got {self.kernel_impl!r}")
         _require(self.remat in ("none", "full", "dots", "names"), "model.remat",
                  f"must be none, full, dots or names, got {self.remat!r}")
         _require(self.init_std > 0, "model.init_std", "must be > 0")

@@ -38,3 +38,13 @@ def test_short_conv_step_by_step_with_cache_equals_whole_sequence():
         y, cache = conv(x[:, t:t + 1], cache=cache)
         steps.append(y)
     np.testing.assert_allclose(jnp.concatenate(steps, axis=1), full, atol=1e-6)
+
+
+def test_document_starts_reset_the_log_decay_only_where_a_new_segment_begins():
+    from seqmodels.layers.segments import RESET_LOG_DECAY, reset_at_document_starts
+    segments = jnp.array([[1, 1, 2, 2, 2, 0], [3, 3, 3, 3, 3, 3]])
+    log_decay = -0.1 * jnp.ones((2, 6, 4))
+    reset = np.asarray(reset_at_document_starts(log_decay, segments))
+    assert (reset[0, [2, 5]] == RESET_LOG_DECAY).all() and (reset[0, [0, 1, 3, 4]] == -0.1).all()
+    assert (reset[1] == np.float32(-0.1)).all()
+    assert reset_at_document_starts(log_decay, None) is log_decay
