@@ -56,6 +56,69 @@ class SlidingWindowConfig:
         _require(self.num_sinks >= 0, "model.swa.num_sinks", f"must be >= 0, got {self.num_sinks}")
 
 
+def _is_chunk_size(value: int) -> bool:
+    return value >= 16 and value & (value - 1) == 0
+
+
+@dataclass(frozen=True)
+class Mamba2Config:
+    """The ``mamba2`` mixer (and the backbone of ``muonssm_mamba2``): SSD with a scalar decay per head."""
+
+    state_dim: int = describe("N: state width per channel (the width of B_t and C_t)", 64)
+    expand: int = describe("inner width = expand * d_model, split into heads of head_dim channels", 2)
+    head_dim: int = describe("P: channels per head; 0 = expand * d_model / model.num_heads", 0)
+    conv_kernel: int = describe("width of the short causal depthwise convolution over x, B, C", 4)
+    chunk_size: int = describe("tokens per chunk of the chunked training form (power of two >= 16)", 64)
+    dt_min: float = describe("smallest initial step size Delta (log-uniform initialisation)", 1e-3)
+    dt_max: float = describe("largest initial step size Delta", 1e-1)
+
+    def __post_init__(self):
+        for key in ("state_dim", "expand", "conv_kernel"):
+            _require(getattr(self, key) >= 1, f"model.mamba2.{key}", f"must be >= 1, got {getattr(self, key)}")
+        _require(self.head_dim >= 0, "model.mamba2.head_dim", f"must be >= 0, got {self.head_dim}")
+        _require(_is_chunk_size(self.chunk_size), "model.mamba2.chunk_size",
+                 f"must be a power of two >= 16, got {self.chunk_size}")
+        _require(0 < self.dt_min <= self.dt_max, "model.mamba2.dt_min",
+                 f"need 0 < dt_min <= dt_max, got dt_min={self.dt_min}, dt_max={self.dt_max}")
+
+
+@dataclass(frozen=True)
+class DeltaNetConfig:
+    """The ``deltanet`` and ``gated_deltanet`` mixers (and the backbone of ``muonssm_gated_deltanet``)."""
+
+    head_dim: int = describe("K: query/key width per head; 0 = d_model / model.num_heads", 0)
+    value_head_dim: int = describe("V: value width per head; 0 = the key width K", 0)
+    conv_kernel: int = describe("width of the short causal depthwise convolution over q, k, v", 4)
+    chunk_size: int = describe("tokens per chunk of the chunked training form (power of two >= 16)", 64)
+
+    def __post_init__(self):
+        _require(self.head_dim >= 0, "model.deltanet.head_dim", f"must be >= 0, got {self.head_dim}")
+        _require(self.value_head_dim >= 0, "model.deltanet.value_head_dim",
+                 f"must be >= 0, got {self.value_head_dim}")
+        _require(self.conv_kernel >= 1, "model.deltanet.conv_kernel", f"must be >= 1, got {self.conv_kernel}")
+        _require(_is_chunk_size(self.chunk_size), "model.deltanet.chunk_size",
+                 f"must be a power of two >= 16, got {self.chunk_size}")
+
+
+@dataclass(frozen=True)
+class MuonSSMConfig:
+    """MuonSSM: momentum over Newton-Schulz-conditioned injections, ``M_t = gamma M_{t-1} + tau NS_k(U_t)``."""
+
+    gamma: float = describe("momentum decay gamma in [0, 1); 0 = no momentum", 0.9)
+    tau: float = describe("scale tau > 0 of the conditioned injection", 1.0)
+    ns_steps: int = describe("k: Newton-Schulz steps on each injection U_t; 0 = U_t unchanged", 1)
+    ns_coefficients: str = describe("Newton-Schulz polynomial schedule: muon | polar_express", "muon")
+    ns_eps: float = describe("epsilon of the Newton-Schulz input normalisation U / (||U||_F + eps)", 1e-7)
+
+    def __post_init__(self):
+        _require(0.0 <= self.gamma < 1.0, "model.muonssm.gamma", f"must be in [0, 1), got {self.gamma}")
+        _require(self.tau > 0, "model.muonssm.tau", f"must be > 0, got {self.tau}")
+        _require(self.ns_steps >= 0, "model.muonssm.ns_steps", f"k must be >= 0, got {self.ns_steps}")
+        _require(self.ns_coefficients in ("muon", "polar_express"), "model.muonssm.ns_coefficients",
+                 f"must be muon or polar_express, got {self.ns_coefficients!r}")
+        _require(self.ns_eps > 0, "model.muonssm.ns_eps", f"must be > 0, got {self.ns_eps}")
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """A decoder language model assembled from a list of mixers, each followed by a SwiGLU MLP."""
@@ -79,6 +142,9 @@ class ModelConfig:
     init_std: float = describe("standard deviation of the normal initialiser of weights", 0.02)
     attention: AttentionConfig = describe("attention settings", factory=AttentionConfig)
     swa: SlidingWindowConfig = describe("sliding-window attention settings", factory=SlidingWindowConfig)
+    mamba2: Mamba2Config = describe("Mamba2 (SSD) settings", factory=Mamba2Config)
+    deltanet: DeltaNetConfig = describe("DeltaNet / Gated DeltaNet settings", factory=DeltaNetConfig)
+    muonssm: MuonSSMConfig = describe("MuonSSM settings (muonssm_* mixers)", factory=MuonSSMConfig)
 
     def __post_init__(self):
         for key in ("vocab_size", "d_model", "num_heads", "max_seq_len"):
@@ -97,6 +163,9 @@ class ModelConfig:
         _require(self.remat in ("none", "full", "dots", "names"), "model.remat",
                  f"must be none, full, dots or names, got {self.remat!r}")
         _require(self.init_std > 0, "model.init_std", "must be > 0")
+        inner = self.mamba2.expand * self.d_model
+        _require(not self.mamba2.head_dim or inner % self.mamba2.head_dim == 0, "model.mamba2.head_dim",
+                 f"{self.mamba2.head_dim} does not divide model.mamba2.expand * model.d_model = {inner}")
 
     @property
     def head_dim(self) -> int:
