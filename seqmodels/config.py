@@ -178,23 +178,68 @@ class ModelConfig:
         return -(-(8 * self.d_model // 3) // 64) * 64
 
 
+SYNTHETIC_TASKS = ("mqar", "selective_copy")
+
+
+@dataclass(frozen=True)
+class SyntheticConfig:
+    """Generated recall tasks (``data.source: mqar | selective_copy``; ``seqmodels.data.synthetic``).
+
+    Token ids: 0 blank, 1 BOS, 2 separator, then MQAR keys and values (the rest of the vocabulary
+    split in two halves) or selective-copying content tokens. One example fills one row.
+    """
+
+    vocab_size: int = describe("token ids the tasks use (the model's vocab_size must cover them)", 256)
+    num_pairs: int = describe("mqar: key-value pairs at the start of each row", 8)
+    num_queries: int = describe("mqar: queries later in the row, each a key drawn uniformly; 0 = num_pairs", 0)
+    num_copy_tokens: int = describe("selective_copy: content tokens scattered in the row, then copied", 16)
+
+    def __post_init__(self):
+        _require(self.vocab_size >= 8, "data.synthetic.vocab_size", f"must be >= 8, got {self.vocab_size}")
+        _require(self.num_pairs >= 1, "data.synthetic.num_pairs", f"must be >= 1, got {self.num_pairs}")
+        keys = (self.vocab_size - 3) // 2
+        _require(self.num_pairs <= keys, "data.synthetic.num_pairs",
+                 f"{self.num_pairs} pairs need as many distinct keys; data.synthetic.vocab_size="
+                 f"{self.vocab_size} has {keys}")
+        _require(self.num_queries >= 0, "data.synthetic.num_queries", f"must be >= 0, got {self.num_queries}")
+        _require(self.num_copy_tokens >= 1, "data.synthetic.num_copy_tokens",
+                 f"must be >= 1, got {self.num_copy_tokens}")
+
+    def check_fits(self, source: str, seq_len: int) -> None:
+        """Raise ``ConfigError`` unless one example of ``source`` fits a row of ``seq_len + 1`` tokens."""
+        if source == "mqar":
+            queries = self.num_queries or self.num_pairs
+            need = 2 * self.num_pairs + 2 * queries
+            _require(need <= seq_len, "data.seq_len",
+                     f"{seq_len} cannot hold BOS + data.synthetic.num_pairs={self.num_pairs} pairs + {queries} "
+                     f"query-answer pairs; set data.seq_len >= {need}")
+        elif source == "selective_copy":
+            need = 2 * self.num_copy_tokens + 1
+            _require(need <= seq_len, "data.seq_len",
+                     f"{seq_len} cannot hold BOS + data.synthetic.num_copy_tokens={self.num_copy_tokens} tokens, "
+                     f"a separator and their copy; set data.seq_len >= {need}")
+
+
 @dataclass(frozen=True)
 class DataConfig:
     """Where tokens come from and how they are packed into rows."""
 
-    source: str = describe("stdlib (Python's own source files, on every machine) | text_files | arrayrecord",
-                           "stdlib")
+    source: str = describe("stdlib (Python's own source files, on every machine) | text_files | arrayrecord"
+                           " | mqar | selective_copy (generated, data.synthetic)", "stdlib")
     path: str = describe("glob of text files (text_files) or ArrayRecord shards (arrayrecord)", "")
     tokenizer: str = describe("byte (UTF-8 bytes + begin- and end-of-document tokens)", "byte")
     seq_len: int = describe("tokens per training row", 256)
     heldout_fraction: float = describe("share of documents held out for evaluation (chosen by hash)", 0.02)
     max_documents: int = describe("use at most this many documents; 0 = all", 0)
-    seed: int = describe("seed of the document shuffle", 0)
+    seed: int = describe("seed of the document shuffle (synthetic tasks: of the generated examples)", 0)
+    synthetic: SyntheticConfig = describe("generated recall tasks (data.source = mqar | selective_copy)",
+                                          factory=SyntheticConfig)
 
     def __post_init__(self):
-        _require(self.source in ("stdlib", "text_files", "arrayrecord"), "data.source",
-                 f"must be stdlib, text_files or arrayrecord, got {self.source!r}")
-        _require(self.source == "stdlib" or bool(self.path), "data.path",
+        sources = ("stdlib", "text_files", "arrayrecord") + SYNTHETIC_TASKS
+        _require(self.source in sources, "data.source", f"must be one of {', '.join(sources)}, got {self.source!r}")
+        self.synthetic.check_fits(self.source, self.seq_len)
+        _require(self.source in ("stdlib",) + SYNTHETIC_TASKS or bool(self.path), "data.path",
                  f"data.source={self.source} needs data.path (a glob of files)")
         _require(self.tokenizer == "byte", "data.tokenizer", f"must be byte, got {self.tokenizer!r}")
         _require(self.seq_len >= 1, "data.seq_len", f"must be >= 1, got {self.seq_len}")

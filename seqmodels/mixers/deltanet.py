@@ -4,13 +4,13 @@ DeltaNet: Yang et al., "Parallelizing Linear Transformers with the Delta Rule ov
 (NeurIPS 2024); Gated DeltaNet: Yang, Kautz & Hatamizadeh, "Gated Delta Networks" (ICLR 2025).
 Per token t, with H heads, key width K and value width V per head::
 
-    q_t, k_t, v_t = SiLU(ShortConv(W_q u))_t, SiLU(ShortConv(W_k u))_t, SiLU(ShortConv(W_v u))_t
+    q_t, k_t, v_t = SiLU(ShortConv(W_q x))_t, SiLU(ShortConv(W_k x))_t, SiLU(ShortConv(W_v x))_t
     q_t, k_t      <- q_t / ||q_t||, k_t / ||k_t||                   (L2 per head)
-    beta_t        = sigmoid(W_beta u_t)                              [H]
-    log_decay_t   = -exp(A_log) * softplus(W_a u_t + dt_bias)        [H]  (gated only; 0 for DeltaNet)
+    beta_t        = sigmoid(W_beta x_t)                              [H]
+    log_decay_t   = -exp(A_log) * softplus(W_a x_t + dt_bias)        [H]  (gated only; 0 for DeltaNet)
     S_t           = exp(log_decay_t) (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T      [K, V]
     o_t           = K^{-1/2} S_t^T q_t
-    out_t         = W_out (RMSNorm(o_t) * SiLU(W_g u_t))             (RMSNorm per head, over V)
+    out_t         = W_out (RMSNorm(o_t) * SiLU(W_g x_t))             (RMSNorm per head, over V)
 
 The recurrence is ``pallas_kernels.gated_delta_rule`` (``log_decay=None`` for DeltaNet;
 ``impl = model.kernel_impl``): its chunked WY / UT form for training, one recurrent step per token
@@ -84,36 +84,38 @@ class DeltaNet(nnx.Module):
         self.norm = RMSNorm(value_dim, eps=config.norm_eps, axis_name="head_dim")
         self.out = DenseOut((heads, value_dim), width, head_axes, "embed", rngs=rngs, std=std)
 
-    def _project(self, u, segment_ids, cache):
+    def _project(self, x, segment_ids, cache):
         """Convolved, activated ``q, k [B, T, H, K]`` (L2-normalised), ``v [B, T, H, V]`` and the conv cache."""
-        batch, length = u.shape[:2]
+        batch, length = x.shape[:2]
         conv_cache, new_cache, outputs = cache or {}, {}, []
         for name, proj, conv, dim in (("q", self.query, self.q_conv, self.key_dim),
                                       ("k", self.key, self.k_conv, self.key_dim),
                                       ("v", self.value, self.v_conv, self.value_dim)):
-            flat = proj(u).reshape(batch, length, self.heads * dim)
+            flat = proj(x).reshape(batch, length, self.heads * dim)
             flat, new_cache[f"conv_{name}"] = conv(flat, segment_ids=segment_ids, cache=conv_cache.get(f"conv_{name}"))
             outputs.append(constrain(jax.nn.silu(flat).reshape(batch, length, self.heads, dim),
                                      ("batch", "seq", "heads", "head_dim")))
         q, k, v = outputs
         return l2_normalize(q), l2_normalize(k), v, (None if cache is None else new_cache)
 
-    def log_decay(self, u, segment_ids):
+    def log_decay(self, x, segment_ids):
         """``[B, T, H]`` float32 log decays (zeros for DeltaNet, -30 at document starts), or None."""
         if self.gated:
-            _, log_decay = step_and_log_decay(self.decay_proj(u), self.dt_bias.get_value(), self.a_log.get_value())
+            _, log_decay = step_and_log_decay(self.decay_proj(x), self.dt_bias.get_value(), self.a_log.get_value())
         elif segment_ids is None:
             return None
         else:
             log_decay = jnp.zeros(segment_ids.shape + (self.heads,), jnp.float32)
         return reset_at_document_starts(log_decay, segment_ids)
 
-    def __call__(self, u, *, segment_ids=None, positions=None, cache=None):
-        q, k, v, conv_cache = self._project(u, segment_ids, cache)
-        beta = jax.nn.sigmoid(self.beta_proj(u).astype(jnp.float32))
-        o, state = self.recurrence(q, k, v, beta, self.log_decay(u, segment_ids), segment_ids=segment_ids,
+    def __call__(self, x, *, segment_ids=None, positions=None, cache=None):
+        """``x: [B, T, d_model]`` -> ``(y [B, T, d_model], cache)``; positions are not used (a recurrence)."""
+        del positions
+        q, k, v, conv_cache = self._project(x, segment_ids, cache)
+        beta = jax.nn.sigmoid(self.beta_proj(x).astype(jnp.float32))
+        o, state = self.recurrence(q, k, v, beta, self.log_decay(x, segment_ids), segment_ids=segment_ids,
                                    cache=cache)
-        o = self.norm(o, gate=self.gate(u))
+        o = self.norm(o, gate=self.gate(x))
         return self.out(o), (None if cache is None else {**conv_cache, **state})
 
     def recurrence(self, q, k, v, beta, log_decay, *, segment_ids, cache):

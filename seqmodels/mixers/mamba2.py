@@ -1,8 +1,9 @@
 """Mamba2 mixer (SSD: state space duality), after Dao & Gu, "Transformers are SSMs" (ICML 2024).
 
-Per token t, with H heads of P channels and a state width N (one group: B and C shared by heads)::
+Per token t of the mixer's input ``u`` (the ``x`` argument, ``[d_model]``), with H heads of P channels
+and a state width N (one group: B and C shared by heads)::
 
-    z_t, x_t = W_z u_t, W_x u_t                           [H, P] each (z: the output gate)
+    z_t, x_t = W_z u_t, W_x u_t                           [H, P] each (z: output gate; x: ssm_input)
     B_t, C_t = W_B u_t, W_C u_t                           [N] each
     dt_t     = W_dt u_t                                   [H]
     x_t, B_t, C_t <- SiLU(ShortConv(x), ShortConv(B), ShortConv(C))     (causal depthwise, width conv_kernel)
@@ -81,20 +82,22 @@ class Mamba2(nnx.Module):
         new_cache = None if cache is None else {"conv_x": x_cache, "conv_b": b_cache, "conv_c": c_cache}
         return jax.nn.silu(x), jax.nn.silu(b), jax.nn.silu(c), new_cache
 
-    def __call__(self, u, *, segment_ids=None, positions=None, cache=None):
-        batch, length = u.shape[:2]
+    def __call__(self, x, *, segment_ids=None, positions=None, cache=None):
+        """``x: [B, T, d_model]`` -> ``(y [B, T, d_model], cache)``; positions are not used (a recurrence)."""
+        del positions
+        batch, length = x.shape[:2]
         heads, head_dim = self.heads, self.head_dim
-        x = self.x_proj(u).reshape(batch, length, heads * head_dim)
-        x, b, c, conv_cache = self._convolve(x, self.b_proj(u), self.c_proj(u), segment_ids, cache)
-        x = constrain(x.reshape(batch, length, heads, head_dim), ("batch", "seq", "heads", "head_dim"))
-        delta, log_decay = step_and_log_decay(self.dt_proj(u), self.dt_bias.get_value(), self.a_log.get_value())
+        ssm_input = self.x_proj(x).reshape(batch, length, heads * head_dim)
+        ssm_input, b, c, conv_cache = self._convolve(ssm_input, self.b_proj(x), self.c_proj(x), segment_ids, cache)
+        ssm_input = constrain(ssm_input.reshape(batch, length, heads, head_dim), ("batch", "seq", "heads", "head_dim"))
+        delta, log_decay = step_and_log_decay(self.dt_proj(x), self.dt_bias.get_value(), self.a_log.get_value())
         log_decay = reset_at_document_starts(log_decay, segment_ids)
         shape = (batch, length, heads, self.state_dim)
         q, k = (jnp.broadcast_to(t[:, :, None], shape) for t in (c, b))
-        v = (delta[..., None] * x.astype(jnp.float32)).astype(x.dtype)
+        v = (delta[..., None] * ssm_input.astype(jnp.float32)).astype(ssm_input.dtype)
         y, state = self.recurrence(q, k, v, log_decay, segment_ids=segment_ids, cache=cache)
-        y = y + self.skip.get_value().astype(y.dtype)[:, None] * x
-        y = self.norm(y, gate=self.gate(u))
+        y = y + self.skip.get_value().astype(y.dtype)[:, None] * ssm_input
+        y = self.norm(y, gate=self.gate(x))
         new_cache = None if cache is None else {**conv_cache, **state}
         return self.out(y), new_cache
 

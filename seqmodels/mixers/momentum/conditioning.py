@@ -61,7 +61,10 @@ def rank_one_scale(sum_squares: jax.Array, *, steps: int, coefficients="muon", e
 
 def low_rank_newton_schulz(left: jax.Array, right: jax.Array, *, steps: int, coefficients="muon",
                            eps: float = 1e-7) -> jax.Array:
-    """Core ``C [..., r, r]`` with ``NS_k(left @ right^T) = left @ C @ right^T``; left ``[..., M, r]``, right ``[..., N, r]``."""
+    """Core ``C [..., r, r]`` with ``NS_k(left @ right^T) = left @ C @ right^T``.
+
+    ``left: [..., M, r]``, ``right: [..., N, r]``; ``steps = 0`` gives the identity (``NS_0(U) = U``).
+    """
     if left.ndim < 2 or right.ndim < 2 or left.shape[-1] != right.shape[-1]:
         raise ValueError(f"left [..., M, r] and right [..., N, r] must share the rank r, got shapes "
                          f"{tuple(left.shape)} and {tuple(right.shape)}")
