@@ -40,10 +40,12 @@ def final_params(run_dir):
 @pytest.mark.slow
 def test_resume_after_process_exit_reproduces_the_uninterrupted_run_bitwise(tmp_path, tiny_corpus):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    run_train_process(tiny_overrides(straight, tiny_corpus))
-    first = run_train_process(tiny_overrides(resumed, tiny_corpus, train__exit_at_step=10))
+    run_train_process(tiny_overrides(straight, tiny_corpus, checkpoint__async_save=True))
+    # keep=3 of the checkpoints at steps 5, 10, 15, 20
+    assert sorted(int(p.name) for p in (straight / "checkpoints").iterdir() if p.name.isdigit()) == [10, 15, 20]
+    first = run_train_process(tiny_overrides(resumed, tiny_corpus, train__exit_at_step=10, checkpoint__async_save=True))
     assert "done: steps 1..10" in first.stdout
-    second = run_train_process(tiny_overrides(resumed, tiny_corpus))
+    second = run_train_process(tiny_overrides(resumed, tiny_corpus, checkpoint__async_save=True))
     assert "done: steps 11..20" in second.stdout
     straight_losses, resumed_losses = logged_losses(straight), logged_losses(resumed)
     assert sorted(straight_losses) == sorted(resumed_losses) == list(range(1, 21))
