@@ -1,6 +1,6 @@
 """Cost of MuonSSM's momentum recurrences against their backbones' kernels: forward + backward, one run.
 
-    python benchmarks/muonssm_cost.py --out results/muonssm_cost/muonssm_cost.json
+    OPENBLAS_NUM_THREADS=1 python benchmarks/muonssm_cost.py --out results/muonssm_cost/muonssm_cost.json
     python benchmarks/muonssm_cost.py --small --out /tmp/cost.json        # seconds, for a smoke test
 
 For one shape (per head K = V, chunk 64) it times the gradient of ``sum(o * cotangent)`` with
@@ -12,7 +12,8 @@ respect to every input of:
 - ``chunk_gla`` (impl xla: SSD, the Mamba2 form) and ``momentum_scalar_decay`` (MuonSSM on Mamba2),
   plus ``momentum_scalar_decay_reference``.
 
-It reports the median of ``--repeats`` calls after a warm-up and the ratios momentum / backbone.
+It reports the median of ``--repeats`` calls after a warm-up and the ratios momentum / backbone,
+as JSON (``--out``) and as a markdown table next to it (same name, ``.md``).
 All are pure JAX here; on a GPU the backbones would also have Pallas kernels.
 """
 
@@ -90,6 +91,18 @@ def time_gradient(fn, inputs, repeats: int) -> float:
     return statistics.median(times)
 
 
+def markdown(report: dict, command: str) -> str:
+    """The timings and ratios of ``report`` as a markdown table, with the command that produced them."""
+    shape = ", ".join(f"{k}={v}" for k, v in report["shape"].items())
+    lines = [f"MuonSSM momentum recurrences vs their backbones: forward + backward, median of {report['repeats']} "
+             f"calls, shape {shape}, chunk {report['chunk_size']}, {report['device']}.", "",
+             f"Command: `{command}`", "", "| function | ms (forward + backward) |", "|---|---:|"]
+    lines += [f"| {name} | {seconds * 1e3:.2f} |" for name, seconds in report["seconds_forward_backward"].items()]
+    lines += ["", "| ratio | x |", "|---|---:|"]
+    lines += [f"| {name} | {ratio:.2f} |" for name, ratio in report["ratios"].items()]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", default="4,1024,4,64", help="B,T,H,K (K = V)")
@@ -114,10 +127,14 @@ def main(argv=None) -> int:
               if top in seconds and bottom in seconds}
     for name, ratio in ratios.items():
         print(f"{name:>55}: {ratio:.2f}x")
-    report = {"shape": dict(zip("BTHK", shape)), "chunk_size": args.chunk_size, "device": jax.devices()[0].device_kind,
+    report = {"shape": dict(zip("BTHK", shape)), "chunk_size": 16 if args.small else args.chunk_size,
+              "repeats": 1 if args.small else args.repeats, "device": jax.devices()[0].device_kind,
               "platform": platform.platform(), "seconds_forward_backward": seconds, "ratios": ratios}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2))
+    command = "python benchmarks/muonssm_cost.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    out.with_suffix(".md").write_text(markdown(report, command.strip()))
     return 0
 
 

@@ -36,9 +36,11 @@ class AttentionConfig:
     rope_theta: float = describe("rotary embedding base", 10000.0)
     qk_norm: bool = describe("RMS-normalise queries and keys per head before the dot product", False)
     implementation: str = describe("dot_product_attention backend: auto | xla | cudnn", "auto")
+    conv_kernel: int = describe("width of a short causal depthwise convolution over q, k, v; 0 = none", 0)
 
     def __post_init__(self):
         _require(self.num_kv_heads >= 0, "model.attention.num_kv_heads", "must be >= 0")
+        _require(self.conv_kernel >= 0, "model.attention.conv_kernel", f"must be >= 0, got {self.conv_kernel}")
         _require(self.rope_theta > 0, "model.attention.rope_theta", "must be > 0")
         _require(self.implementation in ("auto", "xla", "cudnn"), "model.attention.implementation",
                  f"must be auto, xla or cudnn, got {self.implementation!r}")

@@ -42,6 +42,9 @@ BLANK_ID, BOS_ID, SEP_ID = 0, 1, 2
 FIRST_CONTENT_ID = 3
 _TRAIN_STREAM_LENGTH = 2**40  # examples in the (effectively endless) training stream
 _SPLITS = {"train": 0, "eval": 1}
+# Generating an example takes tens of microseconds: read in the consuming thread. grain's default
+# read-ahead threads cost far more than that in polling (and a prefetch thread sits above anyway).
+_READ_OPTIONS = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
 
 
 def _element(tokens: np.ndarray, answers: np.ndarray) -> dict[str, np.ndarray]:
@@ -120,13 +123,14 @@ def make_synthetic_train_dataset(cfg: DataConfig, *, batch_size: int, process_in
                                  process_count: int = 1) -> grain.IterDataset:
     """Endless training batches of the task; process ``p`` takes examples ``p, p + P, p + 2P, ...``."""
     source = grain.MapDataset.source(examples(cfg, "train", _TRAIN_STREAM_LENGTH))
-    stream = source[process_index::process_count].to_iter_dataset()
+    stream = source[process_index::process_count].to_iter_dataset(_READ_OPTIONS)
     return pack_and_batch(stream, seq_len=cfg.seq_len, batch_size=batch_size)
 
 
 def make_synthetic_eval_batches(cfg: DataConfig, *, batch_size: int, max_batches: int) -> list[dict]:
     """``max_batches`` batches of held-out examples (seeds disjoint from training); the same on every process."""
-    stream = grain.MapDataset.source(examples(cfg, "eval", batch_size * max_batches)).to_iter_dataset()
+    source = grain.MapDataset.source(examples(cfg, "eval", batch_size * max_batches))
+    stream = source.to_iter_dataset(_READ_OPTIONS)
     batches = pack_and_batch(stream, seq_len=cfg.seq_len, batch_size=batch_size, drop_remainder=False)
     return [pad_batch(batch, batch_size) for batch in batches]
 

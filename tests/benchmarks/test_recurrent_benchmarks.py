@@ -56,3 +56,6 @@ def test_muonssm_cost_benchmark_reports_the_ratio_to_the_backbone(tmp_path):
                               "--out", str(out)]) == 0
     ratios = json.loads(out.read_text())["ratios"]
     assert list(ratios) == ["momentum_scalar_decay / chunk_gla"] and ratios["momentum_scalar_decay / chunk_gla"] > 0
+    table = out.with_suffix(".md").read_text()
+    assert "| momentum_scalar_decay (chunked) |" in table and "| momentum_scalar_decay / chunk_gla |" in table
+    assert "--only" in table  # the command that produced it
