@@ -24,6 +24,7 @@ import functools
 import json
 import os
 import platform
+import shlex
 import statistics
 import sys
 import time
@@ -133,8 +134,8 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))
-    command = "python benchmarks/muonssm_cost.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    out.with_suffix(".md").write_text(markdown(report, command.strip()))
+    command = shlex.join(["python", "benchmarks/muonssm_cost.py", *(sys.argv[1:] if argv is None else argv)])
+    out.with_suffix(".md").write_text(markdown(report, command))
     return 0
 
 

@@ -22,7 +22,7 @@ def test_variants_and_settings_parse_from_the_command_line():
 @pytest.mark.slow
 def test_recall_benchmark_writes_accuracy_per_mixer_and_setting(tmp_path):
     assert recall.main(["--mixers", "mamba2,two_layer=deltanet;model.deltanet.chunk_size=16", "--settings", "16:2",
-                        "--steps", "2", "--batch-size", "8", "--d-model", "16", "--vocab", "16",
+                        "--steps", "2", "--batch-size", "8", "--d-model", "16", "--vocab", "16", "--queries", "0",
                         "--eval-batches", "1", "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "recall.json").read_text())
     assert [r["variant"] for r in report["results"]] == ["mamba2", "two_layer"]
