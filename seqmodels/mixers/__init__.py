@@ -3,3 +3,4 @@
 from seqmodels.mixers.registry import (MIXERS, build_mixer, check_mixer_names,  # noqa: F401
                                        mixer_flops_per_token, register)
 from seqmodels.mixers import attention  # noqa: F401,E402  (registers attention, swa)
+from seqmodels.mixers import mamba2, deltanet, muonssm  # noqa: F401,E402  (register the recurrent mixers)

@@ -5,11 +5,17 @@ Per head h, with RoPE applied to queries and keys at per-document positions:
     q_t = R(t) W_q x_t,  k_s = R(s) W_k x_s,  v_s = W_v x_s
     y_t = W_o concat_h( sum_{s visible from t} softmax_s(q_t . k_s / sqrt(D)) v_s )
 
+With ``model.attention.conv_kernel = K > 0`` the projections first pass a short causal depthwise
+convolution (``ShortConv``, per document): ``q_t = R(t) Conv_K(W_q x)_t`` and likewise k, v, so a
+key can carry the tokens just before it (what a previous-token head otherwise has to learn; the
+recurrent mixers have the same convolution); decoding keeps the last ``K - 1`` projections.
+
 Keys/values may have fewer heads than queries (grouped-query attention, ``num_kv_heads``); which
 keys are visible is the rule of ``seqmodels.layers.attention``. Transformer++ is this mixer in every
 layer, each followed by a SwiGLU MLP, pre-RMSNorm.
 
-FLOPs per token (forward): projections ``2 D (2 H Dh + 2 Hkv Dh)`` plus scores and values
+FLOPs per token (forward): projections ``2 D (2 H Dh + 2 Hkv Dh)`` (plus ``2 K (H + 2 Hkv) Dh`` for
+the convolution) plus scores and values
 ``4 H Dh * mean_visible_keys``, where ``mean_visible_keys`` is ``(T + 1) / 2`` for causal attention
 over a row of T tokens, and the mean of ``min(t + 1, window + sinks)`` for a sliding window.
 """
@@ -25,6 +31,7 @@ from seqmodels.config import ModelConfig
 from seqmodels.layers.attention import (attend, cache_capacity, init_kv_cache, update_kv_cache,
                                         visibility_mask)
 from seqmodels.layers.common import Dense, DenseOut
+from seqmodels.layers.conv import ShortConv
 from seqmodels.layers.norms import RMSNorm
 from seqmodels.layers.rotary import apply_rotary
 from seqmodels.mixers.registry import register
@@ -49,9 +56,25 @@ class Attention(nnx.Module):
         self.out = DenseOut((heads, head_dim), config.d_model, ("heads", "head_dim"), "embed", rngs=rngs, std=std)
         self.q_norm = RMSNorm(head_dim, eps=config.norm_eps, axis_name="head_dim") if config.attention.qk_norm else None
         self.k_norm = RMSNorm(head_dim, eps=config.norm_eps, axis_name="head_dim") if config.attention.qk_norm else None
+        kernel = config.attention.conv_kernel
+        self.convs = nnx.List([ShortConv(width * head_dim, kernel, rngs=rngs, axis_name="heads")
+                               for width in (heads, kv_heads, kv_heads)]) if kernel else None
 
-    def _project(self, x, positions):
-        q, k, v = self.query(x), self.key(x), self.value(x)
+    def _convolve(self, projections, segment_ids, cache):
+        """``(q, k, v)`` through the short convolutions (when configured), and their new decoding cache."""
+        if self.convs is None:
+            return projections, {}
+        outputs, new_cache = [], {}
+        for name, conv, x in zip("qkv", self.convs, projections):
+            flat = x.reshape(*x.shape[:2], -1)
+            flat, new_cache[f"conv_{name}"] = conv(flat, segment_ids=segment_ids,
+                                                  cache=None if cache is None else cache[f"conv_{name}"])
+            outputs.append(flat.reshape(x.shape))
+        return outputs, new_cache
+
+    def _project(self, x, positions, segment_ids=None, cache=None):
+        """RoPE'd ``q [B, T, H, Dh]``, ``k, v [B, T, Hkv, Dh]`` and the convolutions' decoding cache."""
+        (q, k, v), conv_cache = self._convolve((self.query(x), self.key(x), self.value(x)), segment_ids, cache)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q = apply_rotary(q, positions, self.rope_theta)
@@ -59,13 +82,13 @@ class Attention(nnx.Module):
         q = constrain(q, ("batch", "seq", "heads", "head_dim"))
         k = constrain(k, ("batch", "seq", "kv_heads", "head_dim"))
         v = constrain(v, ("batch", "seq", "kv_heads", "head_dim"))
-        return checkpoint_name(q, "query"), checkpoint_name(k, "key"), checkpoint_name(v, "value")
+        return checkpoint_name(q, "query"), checkpoint_name(k, "key"), checkpoint_name(v, "value"), conv_cache
 
     def __call__(self, x, *, segment_ids=None, positions=None, cache=None):
         batch, length = x.shape[:2]
         if positions is None:
             positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
-        q, k, v = self._project(x, positions)
+        q, k, v, conv_cache = self._project(x, positions, segment_ids, cache)
         rule = dict(window=self.window, num_sinks=self.num_sinks)
         if cache is not None:
             ones = jnp.ones((batch, length), jnp.int32)
@@ -75,7 +98,7 @@ class Attention(nnx.Module):
             k_segments = jnp.concatenate([(cache["positions"] >= 0).astype(jnp.int32), ones], axis=1)
             mask = visibility_mask(ones, positions, k_segments, k_positions, **rule)
             out = attend(q, keys.astype(q.dtype), values.astype(q.dtype), mask, implementation=self.implementation)
-            cache = update_kv_cache(cache, k, v, positions, **rule)
+            cache = {**update_kv_cache(cache, k, v, positions, **rule), **conv_cache}
         elif segment_ids is None and self.num_sinks == 0:
             out = attend(q, k, v, causal_window=self.window, implementation=self.implementation)
         else:
@@ -87,7 +110,10 @@ class Attention(nnx.Module):
 
     def init_cache(self, batch_size: int, max_len: int, dtype=jnp.float32) -> dict:
         capacity = cache_capacity(max_len, self.window, self.num_sinks)
-        return init_kv_cache(batch_size, capacity, self.kv_heads, self.head_dim, dtype)
+        cache = init_kv_cache(batch_size, capacity, self.kv_heads, self.head_dim, dtype)
+        for name, conv in zip("qkv", self.convs or ()):
+            cache[f"conv_{name}"] = jnp.zeros((batch_size, conv.kernel_size - 1, conv.bias.get_value().shape[0]), dtype)
+        return cache
 
 
 def mean_visible_keys(seq_len: int, window: int | None, num_sinks: int = 0) -> float:
@@ -103,6 +129,7 @@ def _flops(config: ModelConfig, seq_len: int, window: int | None, num_sinks: int
     heads, head_dim = config.num_heads, config.head_dim
     kv_heads = config.attention.num_kv_heads or heads
     projections = 2 * config.d_model * (2 * heads * head_dim + 2 * kv_heads * head_dim)
+    projections += 2 * config.attention.conv_kernel * (heads + 2 * kv_heads) * head_dim
     return projections + 4 * heads * head_dim * mean_visible_keys(seq_len, window, num_sinks)
 
 
