@@ -44,7 +44,8 @@ def parse_args(argv):
     parser.add_argument("--learning-rate", type=float, default=3e-3)
     parser.add_argument("--key-length", type=int, default=2, help="digits of the needle's key")
     parser.add_argument("--value-length", type=int, default=2, help="digits of the needle's value (the answer)")
-    parser.add_argument("--memory-expansion", type=int, default=2, help="model.atlas.memory_expansion")
+    parser.add_argument("--override", action="append", default=[],
+                        help="extra config override for every model, e.g. model.atlas.memory_expansion=1")
     parser.add_argument("--d-model", type=int, default=64)
     parser.add_argument("--heads", type=int, default=2)
     parser.add_argument("--layers", type=int, default=2)
@@ -63,14 +64,14 @@ def model_overrides(name: str, args) -> list[str]:
     return [
         f"model.mixers=[{layer_kind}] * {args.layers}", f"model.d_model={args.d_model}",
         f"model.num_heads={args.heads}", f"model.max_seq_len={LENGTH_FACTORS[-1] * (args.seq_len + 1)}",
-        "model.kernel_impl=xla", f"model.atlas.memory_expansion={args.memory_expansion}",
+        "model.kernel_impl=xla",
         "data.source=needle", f"data.seq_len={args.seq_len}", f"data.seed={args.seed}",
         f"data.needle_key_length={args.key_length}", f"data.needle_value_length={args.value_length}",
         f"train.steps={args.steps}", f"train.batch_size={args.batch_size}", f"train.seed={args.seed}",
         f"train.run_dir={Path(args.work_dir) / name.replace('/', '_')}", f"optim.learning_rate={args.learning_rate}",
         f"optim.warmup_steps={max(1, args.steps // 20)}", "checkpoint.resume=false",
         f"checkpoint.every_steps={args.steps}", "checkpoint.async_save=false", "log.progress=never",
-        f"log.every_steps={max(1, args.steps // 10)}", "log.tensorboard=false",
+        f"log.every_steps={max(1, args.steps // 10)}", "log.tensorboard=false", *args.override,
     ]
 
 
@@ -125,7 +126,8 @@ def main(argv=None) -> int:
     data = load_config(None, ["data.source=needle", f"data.seq_len={args.seq_len}",
                               f"data.needle_key_length={args.key_length}",
                               f"data.needle_value_length={args.value_length}"]).data
-    report = {"settings": {"seq_len": args.seq_len, "steps": args.steps, "batch_size": args.batch_size,
+    report = {"settings": {"overrides": args.override, "seq_len": args.seq_len, "steps": args.steps,
+                           "batch_size": args.batch_size,
                            "learning_rate": args.learning_rate, "d_model": args.d_model, "heads": args.heads,
                            "layers": args.layers, "depths": depths, "per_depth": args.per_depth, "seed": args.seed,
                            "key_length": data.needle_key_length, "value_length": data.needle_value_length,

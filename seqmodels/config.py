@@ -74,8 +74,9 @@ class AtlasConfig:
                                               factory=lambda: (0.9, 1.0))
     theta_range: tuple[float, ...] = describe("[low, high] of the momentum gate theta_t, within [0, 1]",
                                               factory=lambda: (0.0, 0.5))
-    eta_range: tuple[float, ...] = describe("[low, high] of the inner learning rate eta_t, >= 0",
-                                            factory=lambda: (0.0, 0.05))
+    eta_range: tuple[float, ...] = describe(
+        "[low, high] of the inner learning rate eta_t, >= 0; with ns_steps = 0 keep eta * window * chunk_size "
+        "modest (the inner loop diverges otherwise)", factory=lambda: (0.0, 0.05))
     gamma_range: tuple[float, ...] = describe("[low, high] of the per-token window weight gamma_t, within [0, 1]",
                                               factory=lambda: (0.0, 1.0))
 

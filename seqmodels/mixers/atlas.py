@@ -23,11 +23,19 @@ boundaries, and how training (chunk-parallel) and decoding (token by token) comp
 Special cases (``model.atlas``): **Titans** is ``window = 1, poly_degree = 1, ns_steps = 0``
 (``configs/titans.yaml``); **OmegaNet** is ``ns_steps = 0`` with ``window > 1``.
 
+Notes. q, k, v and the output gate come from one matmul ``[d_model, H, 4, D]``; the depthwise
+conv runs over the q, k, v channels together (the same as one conv each). With ``k > 0`` the
+update ``NS_k(S_t)`` has singular values near 1 whatever the scale of ``S_t``, so ``eta_t``
+weighs the new window gradient against the carried momentum rather than setting a step size;
+the memory's step size is then that unit scale and its horizon is set by ``alpha_t``
+(``k = 0``: ``eta_t`` is the inner learning rate). The recurrence runs in float32; the
+Newton-Schulz matmuls take ``model.compute_dtype`` operands (bf16 with float32 accumulation).
+
 FLOPs per token (forward, one layer; 2 per multiply-add), with ``P = sum m n`` over the memory's
 matrices (``F D`` linear; ``F E + E D`` deep):
 
     projections  2 d_model (4 H D) + 2 d_model (4 H) + 2 H D d_model        q, k, v, gate; gates; output
-    per head     2 (2 P + [deep] 2 E D)      inner forward/backward at the chunk-start memory and M_0
+    per head     2 (2 P + [deep] 2 E D)      inner forward/backward at the chunk-start memory and at M_0
                + 2 (b + c - 1) P             banded window sum of rank-1 gradients
                + k NS(F, D)  or  k 2 NS(F, E)    Newton-Schulz (deep: W1 and padded W2^T)
                + 2 P                         read-out
@@ -81,7 +89,7 @@ class Atlas(nnx.Module):
         self.ranges = tuple(getattr(atlas, f"{name}_range") for name in GATES)
 
         # q, k, v and the output gate in one matmul; one short conv over the q, k, v channels.
-        self.projection = Dense(d_model, (4, heads, head_dim), "embed", (None, "heads", "head_dim"), rngs=rngs, std=std)
+        self.projection = Dense(d_model, (heads, 4, head_dim), "embed", ("heads", None, "head_dim"), rngs=rngs, std=std)
         self.conv = ShortConv(3 * heads * head_dim, atlas.conv_size, rngs=rngs)
         self.gates = Dense(d_model, (heads, len(GATES)), "embed", ("heads", None), rngs=rngs, std=std, use_bias=True)
         self.poly_coefficients = None if atlas.poly_degree == 1 else constant_param(
@@ -98,12 +106,12 @@ class Atlas(nnx.Module):
 
     def _qkv(self, x, segment_ids, conv_cache):
         """Unit queries and keys, values ``[B, T, H, D]`` (float32), output gate, conv cache."""
-        projected = self.projection(x)  # [B, T, 4, H, D]
-        qkv = projected[:, :, :3]
+        projected = self.projection(x)  # [B, T, H, 4, D]: q, k, v, output gate of each head
+        qkv = projected[:, :, :, :3]
         mixed, conv_cache = self.conv(qkv.reshape(*x.shape[:2], -1), segment_ids=segment_ids, cache=conv_cache)
         mixed = jax.nn.silu(mixed.astype(jnp.float32)).reshape(qkv.shape)
-        q, k, v = (constrain(mixed[:, :, i], ("batch", "seq", "heads", "head_dim")) for i in range(3))
-        return _unit(q), _unit(k), v, projected[:, :, 3], conv_cache
+        q, k, v = (constrain(mixed[:, :, :, i], ("batch", "seq", "heads", "head_dim")) for i in range(3))
+        return _unit(q), _unit(k), v, projected[:, :, :, 3], conv_cache
 
     def _inputs(self, x, segment_ids, conv_cache):
         q, k, v, output_gate, conv_cache = self._qkv(x, segment_ids, conv_cache)
@@ -133,7 +141,7 @@ class Atlas(nnx.Module):
 
     def init_cache(self, batch_size: int, max_len: int, dtype=jnp.float32) -> dict:
         """The conv history ``[B, conv_size - 1, 3 H D]`` and the recurrent state (float32); ``max_len`` is unused."""
-        _, _, heads, head_dim = self.projection.kernel.get_value().shape
+        _, heads, _, head_dim = self.projection.kernel.get_value().shape
         initial = tuple(w.get_value() for w in self.initial_memory)
         return {"conv": self.conv.init_cache(batch_size, 3 * heads * head_dim, dtype),
                 "memory": init_state(batch_size, initial, self.settings)}

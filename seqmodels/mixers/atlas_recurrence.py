@@ -80,6 +80,33 @@ class AtlasSettings:
     impl: str = "auto"    # pallas_kernels implementation of linear_scan and newton_schulz
     ns_dtype: str = "float32"  # operand dtype of the Newton-Schulz matmuls (model.compute_dtype)
 
+    def __post_init__(self):
+        for name, low in (("window", 1), ("chunk_size", 1), ("ns_steps", 0)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+
+
+def check_inputs(inputs: AtlasInputs, initial_memory: tuple, layout: MemoryLayout) -> None:
+    """Raise ``ValueError`` naming the first input whose shape does not fit ``phi_k [B, T, H, F]``."""
+    if getattr(inputs.phi_k, "ndim", 0) != 4 or inputs.phi_k.shape[-1] != layout.feature_dim:
+        raise ValueError(f"phi_k must have shape [B, T, H, F={layout.feature_dim}], "
+                         f"got {tuple(getattr(inputs.phi_k, 'shape', ()))}")
+    batch, length, heads, _ = inputs.phi_k.shape
+    expected = {"values": (batch, length, heads, layout.value_dim), "phi_q": inputs.phi_k.shape,
+                **{gate: (batch, length, heads) for gate in ("alpha", "theta", "eta", "gamma")},
+                "segment_ids": (batch, length)}
+    for name, shape in expected.items():
+        got = tuple(getattr(getattr(inputs, name), "shape", ()))
+        if got != tuple(shape):
+            raise ValueError(f"{name} must have shape {tuple(shape)} (from phi_k [B, T, H, F]), got {got}")
+    if len(initial_memory) != len(layout.shapes):
+        raise ValueError(f"initial_memory must hold {len(layout.shapes)} matrices, got {len(initial_memory)}")
+    for i, ((m, n), weight) in enumerate(zip(layout.shapes, initial_memory)):
+        if tuple(weight.shape) != (heads, m, n):
+            raise ValueError(f"initial_memory[{i}] must have shape [H, m, n] = {(heads, m, n)}, "
+                             f"got {tuple(weight.shape)}")
+
 
 def document_flags(segment_ids: jax.Array) -> tuple[jax.Array, jax.Array]:
     """``(start [B, T], valid [B, T])`` booleans; the first token of the row is a start."""
@@ -99,6 +126,7 @@ def chunked(inputs: AtlasInputs, initial_memory: tuple, settings: AtlasSettings)
 
     ``initial_memory``: ``M_0`` as one ``[H, m, n]`` array per weight matrix.
     """
+    check_inputs(inputs, initial_memory, settings.layout)
     batch, length = inputs.segment_ids.shape
     size, history = settings.chunk_size, settings.window - 1
     starts, valid = document_flags(inputs.segment_ids)
@@ -227,6 +255,7 @@ def run_steps(state: dict, inputs: AtlasInputs, initial_memory: tuple, settings:
 
 def reference(inputs: AtlasInputs, initial_memory: tuple, settings: AtlasSettings) -> jax.Array:
     """Outputs ``y [B, T, H, V]`` token by token, Newton–Schulz by its reference implementation."""
+    check_inputs(inputs, initial_memory, settings.layout)
     settings = dataclasses.replace(settings, impl="reference")
     starts, valid = document_flags(inputs.segment_ids)
     state = init_state(inputs.segment_ids.shape[0], initial_memory, settings)
