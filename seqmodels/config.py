@@ -245,7 +245,7 @@ class TrainConfig:
     """The training loop."""
 
     steps: int = describe("optimizer steps", 300)
-    batch_size: int = describe("sequences per optimizer step, over all devices and micro-batches", 16)
+    batch_size: int = describe("sequences per optimizer step, over all devices and micro-batches", 8)
     grad_accum: int = describe("micro-batches per step (batch_size must be divisible by it)", 1)
     exit_at_step: int = describe(
         "checkpoint and stop after this step though train.steps is larger (time-limited jobs); 0 = off", 0)

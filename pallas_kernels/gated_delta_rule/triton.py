@@ -43,7 +43,7 @@ a difference of cumulative log decays with ``j <= i`` (<= 0), or ``gamma`` itsel
 entries are set to ``-inf`` before ``exp``.
 
 Launch settings (``_specs.LAUNCH``) were chosen from ptxas reports without a GPU
-(``benchmarks/gated_delta_rule_ptxas.py``); timings need ``benchmarks/gated_delta_rule_bench.py``
+(``benchmarks/gated_delta_rule_ptxas.py``); timings come from ``benchmarks/kernels.py --ops gated_delta_rule``
 on the GPU.
 """
 

@@ -40,10 +40,12 @@ def final_params(run_dir):
 @pytest.mark.slow
 def test_resume_after_process_exit_reproduces_the_uninterrupted_run_bitwise(tmp_path, tiny_corpus):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    run_train_process(tiny_overrides(straight, tiny_corpus))
-    first = run_train_process(tiny_overrides(resumed, tiny_corpus, train__exit_at_step=10))
+    run_train_process(tiny_overrides(straight, tiny_corpus, checkpoint__async_save=True))
+    # keep=3 of the checkpoints at steps 5, 10, 15, 20
+    assert sorted(int(p.name) for p in (straight / "checkpoints").iterdir() if p.name.isdigit()) == [10, 15, 20]
+    first = run_train_process(tiny_overrides(resumed, tiny_corpus, train__exit_at_step=10, checkpoint__async_save=True))
     assert "done: steps 1..10" in first.stdout
-    second = run_train_process(tiny_overrides(resumed, tiny_corpus))
+    second = run_train_process(tiny_overrides(resumed, tiny_corpus, checkpoint__async_save=True))
     assert "done: steps 11..20" in second.stdout
     straight_losses, resumed_losses = logged_losses(straight), logged_losses(resumed)
     assert sorted(straight_losses) == sorted(resumed_losses) == list(range(1, 21))
@@ -133,3 +135,25 @@ def test_a_tiny_lm_trains_with_muon_and_muon_moves_only_projections(tmp_path, ti
     # AdamW group: the first update is -lr * g / (|g| + eps) elementwise: lr in size, except where the
     # clipped gradient is within a few orders of eps=1e-8 (a few elements, up to 2% smaller).
     np.testing.assert_allclose(np.abs(np.asarray(updates["embed"])), lr, rtol=2e-2)
+
+
+def test_sigterm_checkpoints_the_current_step_and_exits_cleanly(tmp_path, tiny_corpus):
+    import signal
+    import time
+    run_dir = tmp_path / "sigterm"
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu")
+    overrides = tiny_overrides(run_dir, tiny_corpus, train__steps=100000, checkpoint__every_steps=100000)
+    process = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *overrides], cwd=ROOT, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.time() + 240
+    while time.time() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
+        time.sleep(0.2)
+    process.send_signal(signal.SIGTERM)
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 0, stderr[-2000:]
+    assert "SIGTERM received: checkpoint saved at step" in stdout
+    saved = int(stdout.split("checkpoint saved at step ")[1].split(";")[0])
+    assert saved >= 3
+    step, _ = final_params(run_dir)
+    assert step == saved
