@@ -75,8 +75,9 @@ class AtlasConfig:
     theta_range: tuple[float, ...] = describe("[low, high] of the momentum gate theta_t, within [0, 1]",
                                               factory=lambda: (0.0, 0.5))
     eta_range: tuple[float, ...] = describe(
-        "[low, high] of the inner learning rate eta_t, >= 0; with ns_steps = 0 keep eta * window * chunk_size "
-        "modest (the inner loop diverges otherwise)", factory=lambda: (0.0, 0.05))
+        "[low, high] of the inner learning rate eta_t, >= 0; with ns_steps = 0 a token's loss moves a linear "
+        "memory by ~2 eta gamma window of its error (unit keys): ~0.5 / window writes, far less barely does",
+        factory=lambda: (0.0, 0.05))
     gamma_range: tuple[float, ...] = describe("[low, high] of the per-token window weight gamma_t, within [0, 1]",
                                               factory=lambda: (0.0, 1.0))
 

@@ -6,6 +6,7 @@ Per head h (head dimension ``D = d_model / H`` for keys, queries and values), fo
     q_t, k_t, v_t = silu(conv(W_q x)), silu(conv(W_k x)), silu(conv(W_v x))      short causal conv
     q_t, k_t      <- q_t / ||q_t||, k_t / ||k_t||
     alpha_t, theta_t, eta_t, gamma_t = lo + (hi - lo) sigmoid(w . x_t + bias)     one map per gate
+                                                     (bias_alpha starts at 3, the others at 0)
     G_t = sum_{i=t-c+1}^{t} gamma_i grad_M || M(phi(k_i)) - v_i ||^2               Omega rule, window c
     S_t = theta_t S_{t-1} - eta_t G_t                                              momentum
     M_t = alpha_t M_{t-1} + NS_k(S_t)                                              k Newton-Schulz steps
@@ -58,6 +59,10 @@ from seqmodels.mixers.registry import register
 from seqmodels.sharding import constrain
 
 GATES = ("alpha", "theta", "eta", "gamma")
+# Initial bias of each gate's logit: alpha starts at 0.953 of its range (0.995 for [0.9, 1], a
+# retention horizon of ~200 tokens, so the memory does not forget a document's start before it
+# has learnt what to keep); theta, eta and gamma start at the middle of their ranges.
+GATE_INITIAL_LOGITS = (3.0, 0.0, 0.0, 0.0)
 
 
 def memory_layout(config: ModelConfig) -> MemoryLayout:
@@ -92,6 +97,7 @@ class Atlas(nnx.Module):
         self.projection = Dense(d_model, (heads, 4, head_dim), "embed", ("heads", None, "head_dim"), rngs=rngs, std=std)
         self.conv = ShortConv(3 * heads * head_dim, atlas.conv_size, rngs=rngs)
         self.gates = Dense(d_model, (heads, len(GATES)), "embed", ("heads", None), rngs=rngs, std=std, use_bias=True)
+        self.gates.bias.set_value(jnp.broadcast_to(jnp.asarray(GATE_INITIAL_LOGITS), (heads, len(GATES))))
         self.poly_coefficients = None if atlas.poly_degree == 1 else constant_param(
             jnp.broadcast_to(initial_coefficients(atlas.poly_degree), (heads, atlas.poly_degree)), ("heads", None))
         layout = self.settings.layout
