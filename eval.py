@@ -1,7 +1,9 @@
 """Evaluate a trained run: ``python eval.py --run runs/x [--step N] [--out results.json]``.
 
 Loads the run's resolved config and its latest (or ``--step``) checkpoint, then runs the suites:
-``perplexity`` (held-out loss, perplexity and loss per position bucket, plus a PNG plot).
+``perplexity`` (held-out loss, perplexity and loss per position bucket, plus a PNG plot) and
+``recall`` (answer accuracy on held-out MQAR / selective-copying examples built from the run's
+``data.seq_len`` and ``data.synthetic``: the run's own task, or both when it trained on text).
 Writes JSON to ``--out`` (default ``<run>/eval.json``) and prints it.
 """
 
@@ -14,7 +16,7 @@ from pathlib import Path
 
 from seqmodels.config import ConfigError
 
-SUITES = ("perplexity",)
+SUITES = ("perplexity", "recall")
 
 
 def parse_args(argv):
@@ -47,6 +49,10 @@ def main(argv=None) -> int:
             results["perplexity"] = evaluate_perplexity(model, config, batch_size=args.batch_size,
                                                         max_batches=args.max_batches)
             plot_loss_by_position(results["perplexity"], run_dir / "eval_loss_by_position.png")
+        if "recall" in suites:
+            from seqmodels.evaluation.recall import evaluate_recall
+            results["recall"] = evaluate_recall(model, config, batch_size=args.batch_size,
+                                                max_batches=args.max_batches)
     except (ConfigError, DataError, CheckpointError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

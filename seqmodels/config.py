@@ -56,6 +56,69 @@ class SlidingWindowConfig:
         _require(self.num_sinks >= 0, "model.swa.num_sinks", f"must be >= 0, got {self.num_sinks}")
 
 
+def _is_chunk_size(value: int) -> bool:
+    return value >= 16 and value & (value - 1) == 0
+
+
+@dataclass(frozen=True)
+class Mamba2Config:
+    """The ``mamba2`` mixer (and the backbone of ``muonssm_mamba2``): SSD with a scalar decay per head."""
+
+    state_dim: int = describe("N: state width per channel (the width of B_t and C_t)", 64)
+    expand: int = describe("inner width = expand * d_model, split into heads of head_dim channels", 2)
+    head_dim: int = describe("P: channels per head; 0 = expand * d_model / model.num_heads", 0)
+    conv_kernel: int = describe("width of the short causal depthwise convolution over x, B, C", 4)
+    chunk_size: int = describe("tokens per chunk of the chunked training form (power of two >= 16)", 64)
+    dt_min: float = describe("smallest initial step size Delta (log-uniform initialisation)", 1e-3)
+    dt_max: float = describe("largest initial step size Delta", 1e-1)
+
+    def __post_init__(self):
+        for key in ("state_dim", "expand", "conv_kernel"):
+            _require(getattr(self, key) >= 1, f"model.mamba2.{key}", f"must be >= 1, got {getattr(self, key)}")
+        _require(self.head_dim >= 0, "model.mamba2.head_dim", f"must be >= 0, got {self.head_dim}")
+        _require(_is_chunk_size(self.chunk_size), "model.mamba2.chunk_size",
+                 f"must be a power of two >= 16, got {self.chunk_size}")
+        _require(0 < self.dt_min <= self.dt_max, "model.mamba2.dt_min",
+                 f"need 0 < dt_min <= dt_max, got dt_min={self.dt_min}, dt_max={self.dt_max}")
+
+
+@dataclass(frozen=True)
+class DeltaNetConfig:
+    """The ``deltanet`` and ``gated_deltanet`` mixers (and the backbone of ``muonssm_gated_deltanet``)."""
+
+    head_dim: int = describe("K: query/key width per head; 0 = d_model / model.num_heads", 0)
+    value_head_dim: int = describe("V: value width per head; 0 = the key width K", 0)
+    conv_kernel: int = describe("width of the short causal depthwise convolution over q, k, v", 4)
+    chunk_size: int = describe("tokens per chunk of the chunked training form (power of two >= 16)", 64)
+
+    def __post_init__(self):
+        _require(self.head_dim >= 0, "model.deltanet.head_dim", f"must be >= 0, got {self.head_dim}")
+        _require(self.value_head_dim >= 0, "model.deltanet.value_head_dim",
+                 f"must be >= 0, got {self.value_head_dim}")
+        _require(self.conv_kernel >= 1, "model.deltanet.conv_kernel", f"must be >= 1, got {self.conv_kernel}")
+        _require(_is_chunk_size(self.chunk_size), "model.deltanet.chunk_size",
+                 f"must be a power of two >= 16, got {self.chunk_size}")
+
+
+@dataclass(frozen=True)
+class MuonSSMConfig:
+    """MuonSSM: momentum over Newton-Schulz-conditioned injections, ``M_t = gamma M_{t-1} + tau NS_k(U_t)``."""
+
+    gamma: float = describe("momentum decay gamma in [0, 1); 0 = no momentum", 0.9)
+    tau: float = describe("scale tau > 0 of the conditioned injection", 1.0)
+    ns_steps: int = describe("k: Newton-Schulz steps on each injection U_t; 0 = U_t unchanged", 1)
+    ns_coefficients: str = describe("Newton-Schulz polynomial schedule: muon | polar_express", "muon")
+    ns_eps: float = describe("epsilon of the Newton-Schulz input normalisation U / (||U||_F + eps)", 1e-7)
+
+    def __post_init__(self):
+        _require(0.0 <= self.gamma < 1.0, "model.muonssm.gamma", f"must be in [0, 1), got {self.gamma}")
+        _require(self.tau > 0, "model.muonssm.tau", f"must be > 0, got {self.tau}")
+        _require(self.ns_steps >= 0, "model.muonssm.ns_steps", f"k must be >= 0, got {self.ns_steps}")
+        _require(self.ns_coefficients in ("muon", "polar_express"), "model.muonssm.ns_coefficients",
+                 f"must be muon or polar_express, got {self.ns_coefficients!r}")
+        _require(self.ns_eps > 0, "model.muonssm.ns_eps", f"must be > 0, got {self.ns_eps}")
+
+
 @dataclass(frozen=True)
 class AtlasConfig:
     """The ``atlas`` memory mixer (and the memory branch of ``atlas_mag`` / ``atlas_mal``); see mixers/atlas.py."""
@@ -128,6 +191,9 @@ class ModelConfig:
     attention: AttentionConfig = describe("attention settings", factory=AttentionConfig)
     swa: SlidingWindowConfig = describe("sliding-window attention settings", factory=SlidingWindowConfig)
     atlas: AtlasConfig = describe("Atlas / Titans memory settings", factory=AtlasConfig)
+    mamba2: Mamba2Config = describe("Mamba2 (SSD) settings", factory=Mamba2Config)
+    deltanet: DeltaNetConfig = describe("DeltaNet / Gated DeltaNet settings", factory=DeltaNetConfig)
+    muonssm: MuonSSMConfig = describe("MuonSSM settings (muonssm_* mixers)", factory=MuonSSMConfig)
 
     def __post_init__(self):
         for key in ("vocab_size", "d_model", "num_heads", "max_seq_len"):
@@ -148,6 +214,9 @@ class ModelConfig:
         _require(self.init_std > 0, "model.init_std", "must be > 0")
         _require(self.atlas.poly_degree == 1 or self.atlas.poly_key_dim <= self.head_dim, "model.atlas.poly_key_dim",
                  f"{self.atlas.poly_key_dim} exceeds the head dimension d_model / num_heads = {self.head_dim}")
+        inner = self.mamba2.expand * self.d_model
+        _require(not self.mamba2.head_dim or inner % self.mamba2.head_dim == 0, "model.mamba2.head_dim",
+                 f"{self.mamba2.head_dim} does not divide model.mamba2.expand * model.d_model = {inner}")
 
     @property
     def head_dim(self) -> int:
@@ -166,26 +235,72 @@ def needle_min_length(key_length: int, value_length: int, distractors: int) -> i
     return 1 + (1 + distractors) * (4 + key_length + value_length) + (3 + key_length) + value_length + 1
 
 
+SYNTHETIC_TASKS = ("mqar", "selective_copy")
+
+
+@dataclass(frozen=True)
+class SyntheticConfig:
+    """Generated recall tasks (``data.source: mqar | selective_copy``; ``seqmodels.data.synthetic``).
+
+    Token ids: 0 blank, 1 BOS, 2 separator, then MQAR keys and values (the rest of the vocabulary
+    split in two halves) or selective-copying content tokens. One example fills one row.
+    """
+
+    vocab_size: int = describe("token ids the tasks use (the model's vocab_size must cover them)", 256)
+    num_pairs: int = describe("mqar: key-value pairs at the start of each row", 8)
+    num_queries: int = describe("mqar: queries later in the row, each a key drawn uniformly; 0 = num_pairs", 0)
+    num_copy_tokens: int = describe("selective_copy: content tokens scattered in the row, then copied", 16)
+
+    def __post_init__(self):
+        _require(self.vocab_size >= 8, "data.synthetic.vocab_size", f"must be >= 8, got {self.vocab_size}")
+        _require(self.num_pairs >= 1, "data.synthetic.num_pairs", f"must be >= 1, got {self.num_pairs}")
+        keys = (self.vocab_size - 3) // 2
+        _require(self.num_pairs <= keys, "data.synthetic.num_pairs",
+                 f"{self.num_pairs} pairs need as many distinct keys; data.synthetic.vocab_size="
+                 f"{self.vocab_size} has {keys}")
+        _require(self.num_queries >= 0, "data.synthetic.num_queries", f"must be >= 0, got {self.num_queries}")
+        _require(self.num_copy_tokens >= 1, "data.synthetic.num_copy_tokens",
+                 f"must be >= 1, got {self.num_copy_tokens}")
+
+    def check_fits(self, source: str, seq_len: int) -> None:
+        """Raise ``ConfigError`` unless one example of ``source`` fits a row of ``seq_len + 1`` tokens."""
+        if source == "mqar":
+            queries = self.num_queries or self.num_pairs
+            need = 2 * self.num_pairs + 2 * queries
+            _require(need <= seq_len, "data.seq_len",
+                     f"{seq_len} cannot hold BOS + data.synthetic.num_pairs={self.num_pairs} pairs + {queries} "
+                     f"query-answer pairs; set data.seq_len >= {need}")
+        elif source == "selective_copy":
+            need = 2 * self.num_copy_tokens + 1
+            _require(need <= seq_len, "data.seq_len",
+                     f"{seq_len} cannot hold BOS + data.synthetic.num_copy_tokens={self.num_copy_tokens} tokens, "
+                     f"a separator and their copy; set data.seq_len >= {need}")
+
+
 @dataclass(frozen=True)
 class DataConfig:
     """Where tokens come from and how they are packed into rows."""
 
-    source: str = describe("stdlib (Python's own source files, on every machine) | text_files | arrayrecord "
-                           "| needle (generated needle-in-a-haystack rows)", "stdlib")
+    source: str = describe("stdlib (Python's own source files, on every machine) | text_files | arrayrecord"
+                           " | mqar | selective_copy (generated, data.synthetic) | needle (generated"
+                           " needle-in-a-haystack rows, data.needle_*)", "stdlib")
     path: str = describe("glob of text files (text_files) or ArrayRecord shards (arrayrecord)", "")
     tokenizer: str = describe("byte (UTF-8 bytes + begin- and end-of-document tokens)", "byte")
     seq_len: int = describe("tokens per training row", 256)
     heldout_fraction: float = describe("share of documents held out for evaluation (chosen by hash)", 0.02)
     max_documents: int = describe("use at most this many documents; 0 = all", 0)
-    seed: int = describe("seed of the document shuffle", 0)
+    seed: int = describe("seed of the document shuffle (synthetic tasks: of the generated examples)", 0)
+    synthetic: SyntheticConfig = describe("generated recall tasks (data.source = mqar | selective_copy)",
+                                          factory=SyntheticConfig)
     needle_key_length: int = describe("needle: digits of the key of the needle (and of the query)", 2)
     needle_value_length: int = describe("needle: digits of the value to retrieve (the scored answer)", 2)
     needle_distractors: int = describe("needle: other key-value pairs hidden in the haystack", 0)
 
     def __post_init__(self):
-        _require(self.source in ("stdlib", "text_files", "arrayrecord", "needle"), "data.source",
-                 f"must be stdlib, text_files, arrayrecord or needle, got {self.source!r}")
-        _require(self.source in ("stdlib", "needle") or bool(self.path), "data.path",
+        sources = ("stdlib", "text_files", "arrayrecord", "needle") + SYNTHETIC_TASKS
+        _require(self.source in sources, "data.source", f"must be one of {', '.join(sources)}, got {self.source!r}")
+        self.synthetic.check_fits(self.source, self.seq_len)
+        _require(self.source in ("stdlib", "needle") + SYNTHETIC_TASKS or bool(self.path), "data.path",
                  f"data.source={self.source} needs data.path (a glob of files)")
         _require(self.tokenizer == "byte", "data.tokenizer", f"must be byte, got {self.tokenizer!r}")
         _require(self.seq_len >= 1, "data.seq_len", f"must be >= 1, got {self.seq_len}")

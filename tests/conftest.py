@@ -4,6 +4,9 @@ import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# LAPACK calls (the delta-rule triangular solves) with multi-threaded OpenBLAS spin-wait on a busy
+# CPU and run ~1000x slower; XLA's own thread pool is unaffected.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 # Programs compiled once are reused across tests and the subprocesses they start.
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(os.path.dirname(__file__), "..", ".jax_cache"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")

@@ -31,6 +31,9 @@ bitwise. With an orbax ``CheckpointManager`` the state is saved next to the trai
 
 grain writes one JSON file per process (``process_<i>-of-<n>.json``), so every process restores
 its own position. The state is read when ``save`` is called, also with asynchronous saving.
+
+Generated tasks (``data.source`` = ``mqar`` | ``selective_copy``) come from ``synthetic.py``: one
+example per row, a pure function of the seed and the example's index, the same batch format.
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ from seqmodels.config import DataConfig
 from seqmodels.data import synthetic
 from seqmodels.data.corpus import DataError, Documents, load_documents
 from seqmodels.data.packing import pack_and_batch, pad_batch
+from seqmodels.data.synthetic import (GENERATORS, describe_synthetic, make_synthetic_eval_batches,
+                                      make_synthetic_train_dataset)
 from seqmodels.data.tokenizers import ByteTokenizer, get_tokenizer
 
 # Documents are read and tokenized ahead of the packer by a few threads; one document fills tens of
@@ -109,13 +114,21 @@ def make_train_dataset(cfg: DataConfig, *, batch_size: int, process_index: int =
     if cfg.source == "needle":
         batches = synthetic.needle_train_dataset(cfg, batch_size=batch_size, process_index=process_index,
                                                  process_count=process_count)
-    else:
-        split = load_documents(cfg)  # never leaves train empty: a lone document goes to train
-        stream = train_document_stream(split.train, seed=cfg.seed, process_index=process_index,
-                                       process_count=process_count)
-        stream = stream.map(FrameDocument(get_tokenizer(cfg.tokenizer)))
-        batches = pack_and_batch(stream.to_iter_dataset(_READ_OPTIONS), seq_len=cfg.seq_len,
-                                 batch_size=batch_size)
+        return _prefetched(batches, prefetch_batches)
+    if cfg.source in GENERATORS:
+        batches = make_synthetic_train_dataset(cfg, batch_size=batch_size, process_index=process_index,
+                                               process_count=process_count)
+        return _prefetched(batches, prefetch_batches)
+    split = load_documents(cfg)  # never leaves train empty: a lone document goes to train
+    stream = train_document_stream(split.train, seed=cfg.seed, process_index=process_index,
+                                   process_count=process_count)
+    stream = stream.map(FrameDocument(get_tokenizer(cfg.tokenizer)))
+    batches = pack_and_batch(stream.to_iter_dataset(_READ_OPTIONS), seq_len=cfg.seq_len,
+                             batch_size=batch_size)
+    return _prefetched(batches, prefetch_batches)
+
+
+def _prefetched(batches: grain.IterDataset, prefetch_batches: int) -> grain.IterDataset:
     if prefetch_batches:
         batches = grain.experimental.ThreadPrefetchIterDataset(
             batches, prefetch_buffer_size=prefetch_batches)
@@ -134,6 +147,8 @@ def make_eval_batches(cfg: DataConfig, *, batch_size: int, max_batches: int) -> 
         raise ValueError(f"max_batches must be an int >= 1, got {max_batches!r}")
     if cfg.source == "needle":
         return synthetic.needle_eval_batches(cfg, batch_size=batch_size, max_batches=max_batches)
+    if cfg.source in GENERATORS:
+        return make_synthetic_eval_batches(cfg, batch_size=batch_size, max_batches=max_batches)
     split = load_documents(cfg)
     if not len(split.heldout):
         raise DataError(f"data.heldout_fraction={cfg.heldout_fraction}: no held-out documents "
@@ -151,7 +166,9 @@ def make_eval_batches(cfg: DataConfig, *, batch_size: int, max_batches: int) -> 
 
 
 def required_vocab_size(cfg: DataConfig) -> int:
-    """The embedding rows a model needs for this data: the tokenizer's vocabulary."""
+    """The embedding rows a model needs for this data: the tokenizer's vocabulary (synthetic tasks: their own)."""
+    if cfg.source in GENERATORS:
+        return cfg.synthetic.vocab_size
     return get_tokenizer(cfg.tokenizer).vocab_size
 
 
@@ -159,4 +176,6 @@ def describe_source(cfg: DataConfig) -> str:
     """One line for the training log: source, train / held-out document counts, size."""
     if cfg.source == "needle":
         return synthetic.describe_needle(cfg)
+    if cfg.source in GENERATORS:
+        return describe_synthetic(cfg)
     return load_documents(cfg).describe()

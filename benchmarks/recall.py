@@ -1,0 +1,150 @@
+"""Recall benchmark: train each mixer on MQAR at a few (sequence length, key-value pairs) settings, report accuracy.
+
+    python benchmarks/recall.py --out results/recall                       # the default grid, on CPU
+    python benchmarks/recall.py --mixers attention,mamba2 --settings 64:4 --steps 200
+    python benchmarks/recall.py --mixers "attention,titans=atlas;model.atlas.window=1"
+
+Each variant is a 2-layer LM (``--layers``) of one mixer, ``--d-model`` wide, trained by
+``seqmodels.training.loop.train`` (the same path as ``train.py``) on ``data.source=mqar`` rows of
+``seq_len`` tokens holding ``num_pairs`` key-value pairs and as many queries, then scored by the
+``recall`` suite of ``eval.py`` on held-out examples (answer-token accuracy, argmax). Variants are
+``name`` (a registered mixer) or ``label=mixer;key=value;...`` (a mixer with config overrides), so
+more mixers and their ablations join the table from the command line. Writes ``recall.json`` (every
+run's settings, accuracy, final training loss and wall time) and ``recall.md`` (accuracy per variant
+and setting) under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+# The delta-rule chunk forms call LAPACK's triangular solve; multi-threaded OpenBLAS on a busy CPU
+# spin-waits and makes each call ~1000x slower. One BLAS thread (XLA keeps its own threads).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+DEFAULT_MIXERS = "attention,mamba2,deltanet,gated_deltanet,muonssm_mamba2,muonssm_gated_deltanet"
+LABELS = {"attention": "Transformer++ (attention)"}
+
+
+def parse_variants(text: str) -> list[tuple[str, str, list[str]]]:
+    """``"a,label=b;k=v"`` -> ``[("a", "a", []), ("label", "b", ["k=v"])]``."""
+    variants = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        label, _, spec = item.partition("=") if "=" in item.split(";")[0] else ("", "", item)
+        mixer, *overrides = [piece.strip() for piece in spec.split(";") if piece.strip()]
+        variants.append((label or mixer, mixer, overrides))
+    return variants
+
+
+def parse_settings(text: str) -> list[tuple[int, int]]:
+    """``"64:4,128:8"`` -> ``[(64, 4), (128, 8)]`` (seq_len, num_pairs)."""
+    settings = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        seq_len, _, pairs = item.partition(":")
+        settings.append((int(seq_len), int(pairs)))
+    return settings
+
+
+def run_overrides(args, mixer: str, seq_len: int, pairs: int, run_dir: Path) -> list[str]:
+    return [f"model.mixers=[{mixer}] * {args.layers}", f"model.d_model={args.d_model}", f"model.mlp={args.mlp}",
+            f"model.num_heads={args.heads}", f"model.vocab_size={args.vocab}", f"model.max_seq_len={seq_len}",
+            "data.source=mqar", f"data.seq_len={seq_len}", f"data.synthetic.vocab_size={args.vocab}",
+            f"data.synthetic.num_pairs={pairs}", f"data.seed={args.seed}", f"train.seed={args.seed}",
+            f"train.steps={args.steps}", f"train.batch_size={args.batch_size}", f"train.run_dir={run_dir}",
+            f"optim.learning_rate={args.learning_rate}", f"optim.warmup_steps={args.warmup}",
+            f"optim.schedule={args.schedule}",
+            "optim.weight_decay=0.1", f"checkpoint.every_steps={args.steps}", "checkpoint.async_save=false",
+            "checkpoint.resume=false", f"log.every_steps={max(args.steps // 10, 1)}", "log.progress=never",
+            "log.tensorboard=false"]
+
+
+def run_one(args, label: str, mixer: str, extra: list[str], seq_len: int, pairs: int) -> dict:
+    from seqmodels.config_io import load_config
+    from seqmodels.evaluation.loading import load_run
+    from seqmodels.evaluation.recall import evaluate_recall
+    from seqmodels.training.loop import train
+
+    with tempfile.TemporaryDirectory(prefix="recall-") as scratch:
+        run_dir = Path(scratch) / "run"
+        config = load_config(None, run_overrides(args, mixer, seq_len, pairs, run_dir) + extra)
+        start = time.perf_counter()
+        summary = train(config)
+        trained = time.perf_counter()
+        _, model, _ = load_run(run_dir)
+        scores = evaluate_recall(model, config, tasks=("mqar",), batch_size=args.batch_size,
+                                 max_batches=args.eval_batches)["mqar"]
+    return {"variant": label, "mixer": mixer, "overrides": extra, "seq_len": seq_len, "num_pairs": pairs,
+            "accuracy": scores["accuracy"], "example_accuracy": scores["example_accuracy"],
+            "answer_loss": scores["loss"], "eval_answers": scores["answers"],
+            "final_train_loss": summary["last_loss"], "train_seconds": trained - start,
+            "eval_seconds": time.perf_counter() - trained}
+
+
+def markdown(results: list[dict], settings: list[tuple[int, int]], args) -> str:
+    header = "| mixer | " + " | ".join(f"T={t}, {n} pairs" for t, n in settings) + " |"
+    lines = [f"MQAR answer accuracy (argmax, {args.eval_batches * args.batch_size} held-out rows per setting); "
+             f"{args.layers} layers ({'mixer + MLP' if args.mlp else 'mixer only'}), d_model {args.d_model}, "
+             f"{args.heads} heads, vocabulary {args.vocab}, "
+             f"{args.steps} steps of {args.batch_size} rows, lr {args.learning_rate}, seed {args.seed}.", "",
+             header, "|---" * (len(settings) + 1) + "|"]
+    for label in dict.fromkeys(r["variant"] for r in results):
+        cells = []
+        for seq_len, pairs in settings:
+            match = [r for r in results if r["variant"] == label and (r["seq_len"], r["num_pairs"]) == (seq_len, pairs)]
+            cells.append(f"{match[0]['accuracy']:.3f}" if match else "-")
+        lines.append(f"| {LABELS.get(label, label)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mixers", default=DEFAULT_MIXERS, help="variants: name or label=mixer;key=value;...")
+    parser.add_argument("--settings", default="64:4,128:8,256:16", help="seq_len:num_pairs, comma-separated")
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--d-model", type=int, default=64)
+    parser.add_argument("--heads", type=int, default=2)
+    parser.add_argument("--mlp", action=argparse.BooleanOptionalAction, default=False,
+                        help="a SwiGLU MLP after every mixer (off: the mixers alone do the recall)")
+    parser.add_argument("--vocab", type=int, default=128, help="data.synthetic.vocab_size (= model.vocab_size)")
+    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--learning-rate", type=float, default=3e-3)
+    parser.add_argument("--warmup", type=int, default=50)
+    parser.add_argument("--schedule", default="cosine", help="optim.schedule after warm-up")
+    parser.add_argument("--eval-batches", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default="results/recall", help="directory for recall.json and recall.md")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    variants, settings = parse_variants(args.mixers), parse_settings(args.settings)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results, start = [], time.perf_counter()
+    for seq_len, pairs in settings:
+        for label, mixer, extra in variants:
+            result = run_one(args, label, mixer, extra, seq_len, pairs)
+            results.append(result)
+            print(f"{label:>28} T={seq_len:<4} pairs={pairs:<3} accuracy {result['accuracy']:.3f} "
+                  f"(train loss {result['final_train_loss']:.3f}, {result['train_seconds']:.0f} s)", flush=True)
+            report = {"args": vars(args), "platform": platform.platform(), "wall_seconds": time.perf_counter() - start,
+                      "results": results}
+            (out / "recall.json").write_text(json.dumps(report, indent=2))
+            (out / "recall.md").write_text(markdown(results, settings, args))
+    print(markdown(results, settings, args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,153 @@
+"""MuonSSM mixers: a backbone's transition with a momentum pathway over Newton-Schulz-conditioned injections.
+
+A linear-recurrent backbone ``S_t = A_t(S_{t-1}) + U_t`` keeps its transition ``A_t``; its input
+injection ``U_t`` is replaced by a momentum over conditioned injections::
+
+    W_t = tau * NS_k(U_t)                    (NS_0 = identity)
+    M_t = gamma * M_{t-1} + W_t              (M cut at each document's first token)
+    S_t = A_t(S_{t-1}) + M_t,   o_t = S_t^T q_t
+
+with constant ``gamma`` in [0, 1), ``tau > 0`` and ``k >= 0`` Newton-Schulz steps (``model.muonssm``;
+defaults 0.9, 1, 1). ``gamma = 0`` and ``k = 0`` (with ``tau = 1``) is the backbone exactly (the
+backbone's own kernel then runs). Both backbones inject rank 1 per token and head, ``U_t = k_t u_t^T``, so
+``NS_k(U_t) = r_k(||U_t||_F) U_t`` with the scalar of ``momentum.conditioning.rank_one_scale`` (the
+closed form of ``pallas_kernels.newton_schulz`` on a rank-1 matrix; one singular value goes through
+the k polynomials). So ``W_t = k_t (tau r_k u_t)^T``: the momentum recurrences take rescaled values.
+
+- ``muonssm_mamba2``: the Mamba2 mixer (``mamba2.py``: same parameters, projections, conv, gate
+  and norm) with ``A_t(S) = exp(Delta_t A) S`` per head, ``k_t = B_t``, ``u_t = Delta_t x_t``,
+  ``q_t = C_t``, ``||U_t||_F = ||B_t|| |Delta_t| ||x_t||``. Training runs the chunked second-order
+  form of ``momentum.scalar_decay`` (within a chunk ``S = e^G S_in + mu M_in + (kappa o QK^T) V``,
+  ``kappa = L_G @ L_gamma``; no per-token states).
+- ``muonssm_gated_deltanet``: the Gated DeltaNet mixer (``deltanet.py``) with
+  ``A_t(S) = exp(g_t)(I - beta_t k_t k_t^T) S``, ``U_t = beta_t k_t v_t^T``,
+  ``||U_t||_F = beta_t ||k_t|| ||v_t||``. Training runs the chunked form of
+  ``momentum.delta_rule``: the delta rule's UT transform extended by the momentum input (M does not
+  depend on S, so a parallel chunk form exists although the transition is not diagonal).
+
+Decoding runs the token recurrences (``*_reference``) one step per token from a cache holding the
+backbone's conv inputs, ``state`` and ``momentum`` (``[B, H, K, V]`` float32 each). The momentum
+forms are pure JAX (``model.kernel_impl=reference`` selects the token-by-token oracle; any other
+value the chunked form).
+
+FLOPs per token (forward): the backbone's projections and convolutions (``mamba2_flops``,
+``deltanet_flops``) plus, per head, with ``C`` = min(chunk_size, T):
+``muonssm_mamba2``: ``2 C^2 + 2 C + 2 C (N + P) + 8 N P`` (kappa and mu, scores and their product
+with v, increments and read-outs of both states); ``muonssm_gated_deltanet``:
+``2 C^2 + 2 C + 6 C K + 7 C V + 14 K V`` (kappa and mu, key products, a solve with 2K + V columns,
+two [C, C] x [C, V] read-outs, seven [K, V] state products). With ``gamma = 0`` the backbone's formula.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+
+from seqmodels.layers.segments import reset_at_document_starts
+from seqmodels.mixers.deltanet import DeltaNet, deltanet_flops
+from seqmodels.mixers.mamba2 import Mamba2, mamba2_flops
+from seqmodels.mixers.momentum import (momentum_delta_rule, momentum_delta_rule_reference, momentum_scalar_decay,
+                                       momentum_scalar_decay_reference, rank_one_scale)
+from seqmodels.mixers.registry import register
+
+
+class _Momentum:
+    """The MuonSSM pathway shared by both backbones (a mixin over ``Mamba2`` / ``DeltaNet``)."""
+
+    def _set_momentum(self, config):
+        settings = config.muonssm
+        self.gamma, self.tau, self.ns_steps = settings.gamma, settings.tau, settings.ns_steps
+        self.ns_coefficients, self.ns_eps = settings.ns_coefficients, settings.ns_eps
+
+    def injection_scale(self, sum_squares):
+        """``tau r_k(||U||_F)`` per token and head: ``W_t = tau NS_k(U_t) = scale_t U_t``; float32 ``[B, T, H]``."""
+        return self.tau * rank_one_scale(sum_squares, steps=self.ns_steps, coefficients=self.ns_coefficients,
+                                         eps=self.ns_eps)
+
+    def log_momentum_decay(self, shape, segment_ids):
+        """``log gamma`` per token and head, -30 at document starts: float32 ``[B, T, H]``."""
+        return reset_at_document_starts(jnp.full(shape, math.log(self.gamma), jnp.float32), segment_ids)
+
+    def run_momentum(self, chunked, reference, inputs, *, scale, segment_ids, cache):
+        """``(o, cache entries or None)`` from the chunked form, or the token recurrence when decoding one token."""
+        log_momentum = self.log_momentum_decay(inputs[0].shape[:3], segment_ids)
+        states = {} if cache is None else {"initial_state": cache["state"], "initial_momentum": cache["momentum"]}
+        one_step = cache is not None and inputs[0].shape[1] == 1
+        if self.impl == "reference" or one_step:
+            o, state, momentum = reference(*inputs, log_momentum, scale=scale, **states)
+        else:
+            o, state, momentum = chunked(*inputs, log_momentum, scale=scale, chunk_size=self.chunk_size, **states)
+        return o, (None if cache is None else {"state": state, "momentum": momentum})
+
+    def add_momentum_cache(self, cache: dict) -> dict:
+        if self.gamma == 0:
+            return cache
+        return {**cache, "momentum": jnp.zeros_like(cache["state"])}
+
+
+def _sum_squares(x):
+    return jnp.sum(jnp.square(x.astype(jnp.float32)), axis=-1)
+
+
+class MuonSSMMamba2(_Momentum, Mamba2):
+    """Mamba2 with the MuonSSM momentum pathway (module docstring)."""
+
+    def __init__(self, config, *, rngs):
+        Mamba2.__init__(self, config, rngs=rngs)
+        self._set_momentum(config)
+
+    def recurrence(self, q, k, v, log_decay, *, segment_ids, cache):
+        scale = self.injection_scale(_sum_squares(k) * _sum_squares(v))
+        v = (scale[..., None] * v.astype(jnp.float32)).astype(v.dtype)
+        if self.gamma == 0:
+            return Mamba2.recurrence(self, q, k, v, log_decay, segment_ids=segment_ids, cache=cache)
+        return self.run_momentum(momentum_scalar_decay, momentum_scalar_decay_reference, (q, k, v, log_decay),
+                                 scale=1.0, segment_ids=segment_ids, cache=cache)
+
+    def init_cache(self, batch_size: int, max_len: int, dtype=jnp.float32) -> dict:
+        return self.add_momentum_cache(Mamba2.init_cache(self, batch_size, max_len, dtype))
+
+
+class MuonSSMGatedDeltaNet(_Momentum, DeltaNet):
+    """Gated DeltaNet with the MuonSSM momentum pathway (module docstring)."""
+
+    def __init__(self, config, *, rngs):
+        DeltaNet.__init__(self, config, gated=True, rngs=rngs)
+        self._set_momentum(config)
+
+    def recurrence(self, q, k, v, beta, log_decay, *, segment_ids, cache):
+        sum_squares = jnp.square(beta) * _sum_squares(k) * _sum_squares(v)
+        scale = self.injection_scale(sum_squares)
+        if self.gamma == 0:  # W_t = beta_t k_t (scale_t v_t)^T: the kernel's own injection
+            v = (scale[..., None] * v.astype(jnp.float32)).astype(v.dtype)
+            return DeltaNet.recurrence(self, q, k, v, beta, log_decay, segment_ids=segment_ids, cache=cache)
+        w = (scale * beta)[..., None] * v.astype(jnp.float32)
+        return self.run_momentum(momentum_delta_rule, momentum_delta_rule_reference, (q, k, w, beta, log_decay),
+                                 scale=self.key_dim ** -0.5, segment_ids=segment_ids, cache=cache)
+
+    def init_cache(self, batch_size: int, max_len: int, dtype=jnp.float32) -> dict:
+        return self.add_momentum_cache(DeltaNet.init_cache(self, batch_size, max_len, dtype))
+
+
+def _momentum_ssd_flops(chunk: int, state_dim: int, head_dim: int) -> float:
+    return 2 * chunk**2 + 2 * chunk + 2 * chunk * (state_dim + head_dim) + 8 * state_dim * head_dim
+
+
+def _momentum_delta_flops(chunk: int, key_dim: int, value_dim: int) -> float:
+    return 2 * chunk**2 + 2 * chunk + 6 * chunk * key_dim + 7 * chunk * value_dim + 14 * key_dim * value_dim
+
+
+def _muonssm_mamba2_flops(config, seq_len: int) -> float:
+    core = None if config.muonssm.gamma == 0 else _momentum_ssd_flops
+    return mamba2_flops(config, seq_len, core_per_head=core)
+
+
+def _muonssm_deltanet_flops(config, seq_len: int) -> float:
+    core = None if config.muonssm.gamma == 0 else _momentum_delta_flops
+    return deltanet_flops(config, seq_len, gated=True, core_per_head=core)
+
+
+register("muonssm_mamba2", lambda config, rngs: MuonSSMMamba2(config, rngs=rngs), _muonssm_mamba2_flops)
+register("muonssm_gated_deltanet", lambda config, rngs: MuonSSMGatedDeltaNet(config, rngs=rngs),
+         _muonssm_deltanet_flops)
