@@ -17,7 +17,9 @@ and setting) under ``--out``.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
+import multiprocessing
 import os
 import platform
 import sys
@@ -35,10 +37,23 @@ DEFAULT_MIXERS = "attention,mamba2,deltanet,gated_deltanet,muonssm_mamba2,muonss
 LABELS = {"attention": "Transformer++ (attention)"}
 
 
+def _split_top_level(text: str) -> list[str]:
+    """Split at the commas outside brackets: ``"a,b;k=[1, 2]"`` -> ``["a", "b;k=[1, 2]"]``."""
+    parts, depth, current = [], 0, ""
+    for char in text:
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += char
+    return parts + [current]
+
+
 def parse_variants(text: str) -> list[tuple[str, str, list[str]]]:
-    """``"a,label=b;k=v"`` -> ``[("a", "a", []), ("label", "b", ["k=v"])]``."""
+    """``"a,label=b;k=v;r=[0, 1]"`` -> ``[("a", "a", []), ("label", "b", ["k=v", "r=[0, 1]"])]``."""
     variants = []
-    for item in filter(None, (part.strip() for part in text.split(","))):
+    for item in filter(None, (part.strip() for part in _split_top_level(text))):
         label, _, spec = item.partition("=") if "=" in item.split(";")[0] else ("", "", item)
         mixer, *overrides = [piece.strip() for piece in spec.split(";") if piece.strip()]
         variants.append((label or mixer, mixer, overrides))
@@ -122,26 +137,40 @@ def parse_args(argv):
     parser.add_argument("--schedule", default="cosine", help="optim.schedule after warm-up")
     parser.add_argument("--eval-batches", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--jobs", type=int, default=1, help="runs trained at once, each in its own process")
     parser.add_argument("--out", default="results/recall", help="directory for recall.json and recall.md")
     return parser.parse_args(argv)
 
 
+def _run_all(args, variants, settings):
+    """Yield every run's result in table order; ``--jobs > 1`` trains that many runs at once (spawned processes)."""
+    runs = [(args, label, mixer, extra, seq_len, pairs) for seq_len, pairs in settings
+            for label, mixer, extra in variants]
+    if args.jobs == 1:
+        yield from (run_one(*run) for run in runs)
+        return
+    context = multiprocessing.get_context("spawn")  # JAX does not survive fork
+    with concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=context) as pool:
+        yield from pool.map(run_one, *zip(*runs))
+
+
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.jobs < 1:
+        raise SystemExit(f"error: --jobs must be >= 1, got {args.jobs}")
     variants, settings = parse_variants(args.mixers), parse_settings(args.settings)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results, start = [], time.perf_counter()
-    for seq_len, pairs in settings:
-        for label, mixer, extra in variants:
-            result = run_one(args, label, mixer, extra, seq_len, pairs)
-            results.append(result)
-            print(f"{label:>28} T={seq_len:<4} pairs={pairs:<3} accuracy {result['accuracy']:.3f} "
-                  f"(train loss {result['final_train_loss']:.3f}, {result['train_seconds']:.0f} s)", flush=True)
-            report = {"args": vars(args), "platform": platform.platform(), "wall_seconds": time.perf_counter() - start,
-                      "results": results}
-            (out / "recall.json").write_text(json.dumps(report, indent=2))
-            (out / "recall.md").write_text(markdown(results, settings, args))
+    for result in _run_all(args, variants, settings):
+        results.append(result)
+        print(f"{result['variant']:>28} T={result['seq_len']:<4} pairs={result['num_pairs']:<3} accuracy "
+              f"{result['accuracy']:.3f} (train loss {result['final_train_loss']:.3f}, "
+              f"{result['train_seconds']:.0f} s)", flush=True)
+        report = {"args": vars(args), "platform": platform.platform(), "wall_seconds": time.perf_counter() - start,
+                  "results": results}
+        (out / "recall.json").write_text(json.dumps(report, indent=2))
+        (out / "recall.md").write_text(markdown(results, settings, args))
     print(markdown(results, settings, args))
     return 0
 
