@@ -138,9 +138,9 @@ def main(argv=None) -> int:
     for name in names:
         report["models"][name] = run_model(name, args, depths)
         (out / "needle.json").write_text(json.dumps(report, indent=2, default=str))
+        (out / "needle.md").write_text(markdown(report))
         accuracies = report["models"][name]["by_length"].items()
         print(f"{name}: " + ", ".join(f"{k} {v['accuracy']:.2f}" for k, v in accuracies), flush=True)
-    (out / "needle.md").write_text(markdown(report))
     print(markdown(report))
     return 0
 
