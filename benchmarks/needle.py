@@ -53,6 +53,8 @@ def parse_args(argv):
     parser.add_argument("--per-depth", type=int, default=20, help="evaluation examples per depth and length")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=str(ROOT / "results" / "needle"))
+    parser.add_argument("--report-only", action="store_true",
+                        help="train nothing: rewrite needle.md from the needle.json already in --out")
     parser.add_argument("--work-dir", default=str(ROOT / "runs" / "needle"), help="run directories")
     return parser.parse_args(argv)
 
@@ -121,6 +123,11 @@ def markdown(report: dict) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.report_only:
+        report = json.loads((Path(args.out) / "needle.json").read_text())
+        (Path(args.out) / "needle.md").write_text(markdown(report))
+        print(markdown(report))
+        return 0
     depths = [float(d) for d in args.depths.split(",")]
     names = [n.strip() for n in args.models.split(",") if n.strip()]
     data = load_config(None, ["data.source=needle", f"data.seq_len={args.seq_len}",
