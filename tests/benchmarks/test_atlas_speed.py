@@ -14,6 +14,7 @@ def test_full_shape_models_have_about_125m_parameters(name):
     assert 100e6 < count_params(state) < 150e6
 
 
+@pytest.mark.slow
 def test_small_run_times_the_models_it_has_and_skips_the_others(tmp_path):
     out = tmp_path / "speed.json"
     assert atlas_speed.main(["--small", "--models", "transformer,gated_deltanet", "--warmup", "0", "--iters", "1",

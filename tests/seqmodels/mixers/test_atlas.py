@@ -52,6 +52,7 @@ def test_bad_atlas_settings_are_rejected_at_config_load_naming_the_field(overrid
         load_config(None, [override])
 
 
+@pytest.mark.slow
 def test_generate_with_atlas_and_hybrid_caches_matches_the_training_form():
     # Chunks of 4 and a window of 3: the 9-token prefill ends mid-chunk and decoding crosses chunk starts.
     config = ModelConfig(d_model=32, num_heads=2, mixers=("atlas_mag", "atlas_mal"), max_seq_len=32,
