@@ -30,7 +30,7 @@ data layout, answer-only loss and positions were checked and are as the task int
 from __future__ import annotations
 
 import argparse
-import itertools
+import concurrent.futures
 import json
 import multiprocessing
 import os
@@ -39,7 +39,6 @@ import shlex
 import sys
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 # The delta-rule chunk forms call LAPACK's triangular solve; multi-threaded OpenBLAS on a busy CPU
@@ -54,10 +53,23 @@ LABELS = {"attention": "Transformer++ (attention)",
           "attention+conv": "attention + short conv on q, k, v (K=4)"}
 
 
+def _split_top_level(text: str) -> list[str]:
+    """Split at the commas outside brackets: ``"a,b;k=[1, 2]"`` -> ``["a", "b;k=[1, 2]"]``."""
+    parts, depth, current = [], 0, ""
+    for char in text:
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += char
+    return parts + [current]
+
+
 def parse_variants(text: str) -> list[tuple[str, str, list[str]]]:
-    """``"a,label=b;k=v"`` -> ``[("a", "a", []), ("label", "b", ["k=v"])]``."""
+    """``"a,label=b;k=v;r=[0, 1]"`` -> ``[("a", "a", []), ("label", "b", ["k=v", "r=[0, 1]"])]``."""
     variants = []
-    for item in filter(None, (part.strip() for part in text.split(","))):
+    for item in filter(None, (part.strip() for part in _split_top_level(text))):
         label, _, spec = item.partition("=") if "=" in item.split(";")[0] else ("", "", item)
         mixer, *overrides = [piece.strip() for piece in spec.split(";") if piece.strip()]
         variants.append((label or mixer, mixer, overrides))
@@ -150,25 +162,36 @@ def parse_args(argv):
     return parser.parse_args(argv)
 
 
+def _run_all(args, variants, settings):
+    """Yield every run's result in table order; ``--jobs > 1`` trains that many runs at once (spawned processes)."""
+    runs = [(args, label, mixer, extra, seq_len, pairs) for seq_len, pairs in settings
+            for label, mixer, extra in variants]
+    if args.jobs == 1:
+        yield from (run_one(*run) for run in runs)
+        return
+    context = multiprocessing.get_context("spawn")  # JAX does not survive fork
+    with concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=context) as pool:
+        yield from pool.map(run_one, *zip(*runs))
+
+
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.jobs < 1:
+        raise SystemExit(f"error: --jobs must be >= 1, got {args.jobs}")
     variants, settings = parse_variants(args.mixers), parse_settings(args.settings)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     command = shlex.join(["python", "benchmarks/recall.py", *(sys.argv[1:] if argv is None else argv)])
-    runs = [(args, label, mixer, extra, seq_len, pairs) for seq_len, pairs in settings
-            for label, mixer, extra in variants]
     results, start = [], time.perf_counter()
-    with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        for result in pool.map(run_one, *zip(*runs)) if args.jobs > 1 else itertools.starmap(run_one, runs):
-            results.append(result)
-            print(f"{result['variant']:>28} T={result['seq_len']:<4} pairs={result['num_pairs']:<3} accuracy "
-                  f"{result['accuracy']:.3f} (train loss {result['final_train_loss']:.3f}, "
-                  f"{result['train_seconds']:.0f} s)", flush=True)
-            report = {"args": vars(args), "command": command, "platform": platform.platform(),
-                      "wall_seconds": time.perf_counter() - start, "results": results}
-            (out / "recall.json").write_text(json.dumps(report, indent=2))
-            (out / "recall.md").write_text(markdown(results, settings, args, command))
+    for result in _run_all(args, variants, settings):
+        results.append(result)
+        print(f"{result['variant']:>28} T={result['seq_len']:<4} pairs={result['num_pairs']:<3} accuracy "
+              f"{result['accuracy']:.3f} (train loss {result['final_train_loss']:.3f}, "
+              f"{result['train_seconds']:.0f} s)", flush=True)
+        report = {"args": vars(args), "command": command, "platform": platform.platform(),
+                  "wall_seconds": time.perf_counter() - start, "results": results}
+        (out / "recall.json").write_text(json.dumps(report, indent=2))
+        (out / "recall.md").write_text(markdown(results, settings, args, command))
     print(markdown(results, settings, args, command))
     return 0
 

@@ -122,6 +122,54 @@ class MuonSSMConfig:
 
 
 @dataclass(frozen=True)
+class AtlasConfig:
+    """The ``atlas`` memory mixer (and the memory branch of ``atlas_mag`` / ``atlas_mal``); see mixers/atlas.py."""
+
+    window: int = describe("Omega-rule window c: tokens whose losses each memory update optimises (1 = Titans)", 8)
+    chunk_size: int = describe("chunk b of the parallel form: gradients are taken at the memory of the chunk start",
+                               16)
+    poly_degree: int = describe("degree p of the polynomial feature map of keys and queries (1 = identity)", 2)
+    poly_key_dim: int = describe("key coordinates entering the degree >= 2 features (their count is r^i)", 8)
+    ns_steps: int = describe("Newton-Schulz steps k applied to the momentum (0 = off: plain momentum)", 5)
+    ns_coefficients: str = describe("Newton-Schulz schedule: muon | polar_express", "muon")
+    memory_depth: int = describe("memory: 1 = a matrix (linear), 2 = a 2-layer MLP with a residual", 2)
+    memory_expansion: int = describe("hidden width of the MLP memory, in multiples of the head dimension", 2)
+    conv_size: int = describe("short causal convolution over q, k, v (1 = pointwise)", 4)
+    alpha_range: tuple[float, ...] = describe("[low, high] of the memory retention gate alpha_t, within [0, 1]",
+                                              factory=lambda: (0.9, 1.0))
+    theta_range: tuple[float, ...] = describe("[low, high] of the momentum gate theta_t, within [0, 1]",
+                                              factory=lambda: (0.0, 0.5))
+    eta_range: tuple[float, ...] = describe(
+        "[low, high] of the inner learning rate eta_t, >= 0; with ns_steps = 0 a token's loss moves a linear "
+        "memory by ~2 eta gamma window of its error (unit keys): ~0.5 / window writes, far less barely does",
+        factory=lambda: (0.0, 0.05))
+    gamma_range: tuple[float, ...] = describe("[low, high] of the per-token window weight gamma_t, within [0, 1]",
+                                              factory=lambda: (0.0, 1.0))
+
+    def __post_init__(self):
+        for key, low in (("window", 1), ("chunk_size", 1), ("memory_expansion", 1), ("conv_size", 1),
+                         ("poly_key_dim", 1)):
+            value = getattr(self, key)
+            _require(value >= low, f"model.atlas.{key}", f"must be >= {low}, got {value}")
+        _require(1 <= self.poly_degree <= 4, "model.atlas.poly_degree", f"must be in [1, 4], got {self.poly_degree}")
+        _require(0 <= self.ns_steps <= 10, "model.atlas.ns_steps", f"must be in [0, 10], got {self.ns_steps}")
+        _require(self.ns_coefficients in ("muon", "polar_express"), "model.atlas.ns_coefficients",
+                 f"must be muon or polar_express, got {self.ns_coefficients!r}")
+        _require(self.memory_depth in (1, 2), "model.atlas.memory_depth",
+                 f"must be 1 (linear memory) or 2 (MLP memory), got {self.memory_depth}")
+        for name, upper in (("alpha", 1.0), ("theta", 1.0), ("eta", None), ("gamma", 1.0)):
+            self._check_range(name, upper)
+
+    def _check_range(self, name: str, upper: float | None) -> None:
+        key, bounds = f"model.atlas.{name}_range", getattr(self, f"{name}_range")
+        _require(len(bounds) == 2, key, f"must be [low, high], got {list(bounds)}")
+        low, high = bounds
+        _require(low <= high, key, f"is empty: low {low} > high {high}")
+        allowed = "[0, inf)" if upper is None else f"[0, {upper}]"
+        _require(low >= 0.0 and (upper is None or high <= upper), key, f"must lie within {allowed}, got {list(bounds)}")
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """A decoder language model assembled from a list of mixers, each followed by a SwiGLU MLP."""
 
@@ -144,6 +192,7 @@ class ModelConfig:
     init_std: float = describe("standard deviation of the normal initialiser of weights", 0.02)
     attention: AttentionConfig = describe("attention settings", factory=AttentionConfig)
     swa: SlidingWindowConfig = describe("sliding-window attention settings", factory=SlidingWindowConfig)
+    atlas: AtlasConfig = describe("Atlas / Titans memory settings", factory=AtlasConfig)
     mamba2: Mamba2Config = describe("Mamba2 (SSD) settings", factory=Mamba2Config)
     deltanet: DeltaNetConfig = describe("DeltaNet / Gated DeltaNet settings", factory=DeltaNetConfig)
     muonssm: MuonSSMConfig = describe("MuonSSM settings (muonssm_* mixers)", factory=MuonSSMConfig)
@@ -165,6 +214,8 @@ class ModelConfig:
         _require(self.remat in ("none", "full", "dots", "names"), "model.remat",
                  f"must be none, full, dots or names, got {self.remat!r}")
         _require(self.init_std > 0, "model.init_std", "must be > 0")
+        _require(self.atlas.poly_degree == 1 or self.atlas.poly_key_dim <= self.head_dim, "model.atlas.poly_key_dim",
+                 f"{self.atlas.poly_key_dim} exceeds the head dimension d_model / num_heads = {self.head_dim}")
         inner = self.mamba2.expand * self.d_model
         _require(not self.mamba2.head_dim or inner % self.mamba2.head_dim == 0, "model.mamba2.head_dim",
                  f"{self.mamba2.head_dim} does not divide model.mamba2.expand * model.d_model = {inner}")
@@ -178,6 +229,12 @@ class ModelConfig:
         if self.d_ff:
             return self.d_ff
         return -(-(8 * self.d_model // 3) // 64) * 64
+
+
+def needle_min_length(key_length: int, value_length: int, distractors: int) -> int:
+    """Fewest tokens of a needle-in-a-haystack row: BOS, the needles ' #key=value.', the query
+    ' #key=' and its answer, and one filler byte (``seqmodels.data.synthetic`` writes this layout)."""
+    return 1 + (1 + distractors) * (4 + key_length + value_length) + (3 + key_length) + value_length + 1
 
 
 SYNTHETIC_TASKS = ("mqar", "selective_copy")
@@ -227,7 +284,8 @@ class DataConfig:
     """Where tokens come from and how they are packed into rows."""
 
     source: str = describe("stdlib (Python's own source files, on every machine) | text_files | arrayrecord"
-                           " | mqar | selective_copy (generated, data.synthetic)", "stdlib")
+                           " | mqar | selective_copy (generated, data.synthetic) | needle (generated"
+                           " needle-in-a-haystack rows, data.needle_*)", "stdlib")
     path: str = describe("glob of text files (text_files) or ArrayRecord shards (arrayrecord)", "")
     tokenizer: str = describe("byte (UTF-8 bytes + begin- and end-of-document tokens)", "byte")
     seq_len: int = describe("tokens per training row", 256)
@@ -236,18 +294,33 @@ class DataConfig:
     seed: int = describe("seed of the document shuffle (synthetic tasks: of the generated examples)", 0)
     synthetic: SyntheticConfig = describe("generated recall tasks (data.source = mqar | selective_copy)",
                                           factory=SyntheticConfig)
+    needle_key_length: int = describe("needle: digits of the key of the needle (and of the query)", 2)
+    needle_value_length: int = describe("needle: digits of the value to retrieve (the scored answer)", 2)
+    needle_distractors: int = describe("needle: other key-value pairs hidden in the haystack", 0)
 
     def __post_init__(self):
-        sources = ("stdlib", "text_files", "arrayrecord") + SYNTHETIC_TASKS
+        sources = ("stdlib", "text_files", "arrayrecord", "needle") + SYNTHETIC_TASKS
         _require(self.source in sources, "data.source", f"must be one of {', '.join(sources)}, got {self.source!r}")
         self.synthetic.check_fits(self.source, self.seq_len)
-        _require(self.source in ("stdlib",) + SYNTHETIC_TASKS or bool(self.path), "data.path",
+        _require(self.source in ("stdlib", "needle") + SYNTHETIC_TASKS or bool(self.path), "data.path",
                  f"data.source={self.source} needs data.path (a glob of files)")
         _require(self.tokenizer == "byte", "data.tokenizer", f"must be byte, got {self.tokenizer!r}")
         _require(self.seq_len >= 1, "data.seq_len", f"must be >= 1, got {self.seq_len}")
         _require(0.0 < self.heldout_fraction < 1.0, "data.heldout_fraction",
                  f"must be in (0, 1), got {self.heldout_fraction}")
         _require(self.max_documents >= 0, "data.max_documents", "must be >= 0")
+        _require(self.needle_key_length >= 1, "data.needle_key_length", f"must be >= 1, got {self.needle_key_length}")
+        _require(self.needle_value_length >= 1, "data.needle_value_length",
+                 f"must be >= 1, got {self.needle_value_length}")
+        _require(self.needle_distractors >= 0, "data.needle_distractors",
+                 f"must be >= 0, got {self.needle_distractors}")
+        if self.source == "needle":
+            shortest = needle_min_length(self.needle_key_length, self.needle_value_length, self.needle_distractors)
+            _require(self.seq_len + 1 >= shortest, "data.seq_len",
+                     f"{self.seq_len} is too short for a needle row: needs seq_len >= {shortest - 1}")
+            _require(10**self.needle_key_length > self.needle_distractors, "data.needle_distractors",
+                     f"{self.needle_distractors} distractors need more distinct keys than "
+                     f"{self.needle_key_length} digits give")
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,7 @@ import grain
 import numpy as np
 
 from seqmodels.config import DataConfig
+from seqmodels.data import synthetic
 from seqmodels.data.corpus import DataError, Documents, load_documents
 from seqmodels.data.packing import pack_and_batch, pad_batch
 from seqmodels.data.synthetic import (GENERATORS, describe_synthetic, make_synthetic_eval_batches,
@@ -110,6 +111,10 @@ def make_train_dataset(cfg: DataConfig, *, batch_size: int, process_index: int =
     _check_batching(batch_size, process_index, process_count)
     if not isinstance(prefetch_batches, int) or prefetch_batches < 0:
         raise ValueError(f"prefetch_batches must be an int >= 0, got {prefetch_batches!r}")
+    if cfg.source == "needle":
+        batches = synthetic.needle_train_dataset(cfg, batch_size=batch_size, process_index=process_index,
+                                                 process_count=process_count)
+        return _prefetched(batches, prefetch_batches)
     if cfg.source in GENERATORS:
         batches = make_synthetic_train_dataset(cfg, batch_size=batch_size, process_index=process_index,
                                                process_count=process_count)
@@ -140,6 +145,8 @@ def make_eval_batches(cfg: DataConfig, *, batch_size: int, max_batches: int) -> 
     _check_batching(batch_size, 0, 1)
     if not isinstance(max_batches, int) or max_batches < 1:
         raise ValueError(f"max_batches must be an int >= 1, got {max_batches!r}")
+    if cfg.source == "needle":
+        return synthetic.needle_eval_batches(cfg, batch_size=batch_size, max_batches=max_batches)
     if cfg.source in GENERATORS:
         return make_synthetic_eval_batches(cfg, batch_size=batch_size, max_batches=max_batches)
     split = load_documents(cfg)
@@ -167,6 +174,8 @@ def required_vocab_size(cfg: DataConfig) -> int:
 
 def describe_source(cfg: DataConfig) -> str:
     """One line for the training log: source, train / held-out document counts, size."""
+    if cfg.source == "needle":
+        return synthetic.describe_needle(cfg)
     if cfg.source in GENERATORS:
         return describe_synthetic(cfg)
     return load_documents(cfg).describe()

@@ -16,6 +16,8 @@ import train_step  # noqa: E402
 def test_variants_and_settings_parse_from_the_command_line():
     assert recall.parse_variants("attention, titans=atlas;model.atlas.window=1") == [
         ("attention", "attention", []), ("titans", "atlas", ["model.atlas.window=1"])]
+    assert recall.parse_variants("t=atlas;model.atlas.eta_range=[0.0, 0.5],swa") == [
+        ("t", "atlas", ["model.atlas.eta_range=[0.0, 0.5]"]), ("swa", "swa", [])]
     assert recall.parse_settings("64:4,128:8") == [(64, 4), (128, 8)]
 
 

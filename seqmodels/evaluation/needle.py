@@ -1,0 +1,39 @@
+"""Needle-in-a-haystack accuracy: the model's greedy continuation of the query, exact match.
+
+For each example (``seqmodels.data.synthetic.NeedleExample``) the model decodes
+``len(answer)`` tokens after the prompt with ``seqmodels.models.generate`` (temperature 0, the
+decoding cache); the example counts as retrieved iff every decoded token equals the answer.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+
+from seqmodels.models import generate
+
+
+def needle_accuracy(model, examples, *, batch_size: int = 32) -> dict:
+    """``{"accuracy", "examples", "by_depth": {depth: accuracy}}`` over ``examples`` of one prompt length."""
+    if not examples:
+        raise ValueError("examples must not be empty")
+    prompts = np.stack([e.prompt for e in examples])
+    answers = np.stack([e.answer for e in examples])
+    if prompts.ndim != 2 or answers.ndim != 2:
+        raise ValueError("examples must share one prompt length and one answer length")
+    correct = []
+    for start in range(0, len(prompts), batch_size):
+        batch = prompts[start:start + batch_size]
+        rows = len(batch)
+        if rows < batch_size:  # pad with copies so every call has one shape (one compilation)
+            batch = np.concatenate([batch, np.repeat(batch[-1:], batch_size - rows, axis=0)])
+        tokens, _ = generate(model, batch, answers.shape[1])
+        decoded = np.asarray(tokens)[:rows, prompts.shape[1]:]
+        correct.append(np.all(decoded == answers[start:start + rows], axis=1))
+    correct = np.concatenate(correct)
+    by_depth = defaultdict(list)
+    for example, hit in zip(examples, correct):
+        by_depth[round(example.depth, 4)].append(bool(hit))
+    return {"accuracy": float(correct.mean()), "examples": int(correct.size),
+            "by_depth": {depth: float(np.mean(hits)) for depth, hits in sorted(by_depth.items())}}

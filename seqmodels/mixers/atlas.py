@@ -1,0 +1,182 @@
+"""Atlas: a long-term memory that learns, at test time, to memorise a window of its context.
+
+Follows Behrouz et al., "ATLAS: Learning to Optimally Memorize the Context at Test Time" (2025).
+Per head h (head dimension ``D = d_model / H`` for keys, queries and values), for each token t:
+
+    q_t, k_t, v_t = silu(conv(W_q x)), silu(conv(W_k x)), silu(conv(W_v x))      short causal conv
+    q_t, k_t      <- q_t / ||q_t||, k_t / ||k_t||
+    alpha_t, theta_t, eta_t, gamma_t = lo + (hi - lo) sigmoid(w . x_t + bias)     one map per gate
+                                                     (bias_alpha starts at 3, the others at 0)
+    G_t = sum_{i=t-c+1}^{t} gamma_i grad_M || M(phi(k_i)) - v_i ||^2               Omega rule, window c
+    S_t = theta_t S_{t-1} - eta_t G_t                                              momentum
+    M_t = alpha_t M_{t-1} + NS_k(S_t)                                              k Newton-Schulz steps
+    y_t = W_o concat_h( RMSNorm(M_t(phi(q_t))) * silu(W_g x_t) )
+
+``phi`` is the polynomial feature map of degree p (``atlas_memory``: ``F = D + sum_{i=2..p} R^i``
+features, learnable per-degree coefficients initialised to 1/i!), ``M`` a matrix ``[F, D]``
+(``memory_depth = 1``) or a 2-layer MLP with residual ``phi[:D] + silu(phi W1) W2``
+(``memory_depth = 2``, hidden ``E = memory_expansion * D``), starting every document from the
+learnable ``M_0``; ``NS_0`` is the identity. Exactly how the gradients are taken in chunks of
+``b`` tokens (at the memory of the chunk start), how the window and the state stop at document
+boundaries, and how training (chunk-parallel) and decoding (token by token) compute it:
+``atlas_recurrence``.
+
+Special cases (``model.atlas``): **Titans** is ``window = 1, poly_degree = 1, ns_steps = 0``
+(``configs/titans.yaml``); **OmegaNet** is ``ns_steps = 0`` with ``window > 1``.
+
+Notes. q, k, v and the output gate come from one matmul ``[d_model, H, 4, D]``; the depthwise
+conv runs over the q, k, v channels together (the same as one conv each). With ``k > 0`` the
+update ``NS_k(S_t)`` has singular values near 1 whatever the scale of ``S_t``, so ``eta_t``
+weighs the new window gradient against the carried momentum rather than setting a step size;
+the memory's step size is then that unit scale and its horizon is set by ``alpha_t``
+(``k = 0``: ``eta_t`` is the inner learning rate). The recurrence runs in float32; the
+Newton-Schulz matmuls take ``model.compute_dtype`` operands (bf16 with float32 accumulation).
+
+FLOPs per token (forward, one layer; 2 per multiply-add), with ``P = sum m n`` over the memory's
+matrices (``F D`` linear; ``F E + E D`` deep):
+
+    projections  2 d_model (4 H D) + 2 d_model (4 H) + 2 H D d_model        q, k, v, gate; gates; output
+    per head     2 (2 P + [deep] 2 E D)      inner forward/backward at the chunk-start memory and at M_0
+               + 2 (b + c - 1) P             banded window sum of rank-1 gradients
+               + k NS(F, D)  or  k 2 NS(F, E)    Newton-Schulz (deep: W1 and padded W2^T)
+               + 2 P                         read-out
+    NS(m, n) = 4 s^2 l + 2 s^3  with s = min(m, n), l = max(m, n)             one Newton-Schulz step
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from seqmodels.config import ModelConfig
+from seqmodels.layers.common import Dense, DenseOut, constant_param, param
+from seqmodels.layers.conv import ShortConv
+from seqmodels.layers.norms import RMSNorm
+from seqmodels.mixers.atlas_memory import MemoryLayout, feature_dim, feature_map, initial_coefficients
+from seqmodels.mixers.atlas_recurrence import AtlasInputs, AtlasSettings, chunked, init_state, run_steps
+from seqmodels.mixers.registry import register
+from seqmodels.sharding import constrain
+
+GATES = ("alpha", "theta", "eta", "gamma")
+# Initial bias of each gate's logit: alpha starts at 0.953 of its range (0.995 for [0.9, 1], a
+# retention horizon of ~200 tokens, so the memory does not forget a document's start before it
+# has learnt what to keep); theta, eta and gamma start at the middle of their ranges.
+GATE_INITIAL_LOGITS = (3.0, 0.0, 0.0, 0.0)
+
+
+def memory_layout(config: ModelConfig) -> MemoryLayout:
+    atlas, head_dim = config.atlas, config.head_dim
+    features = feature_dim(head_dim, atlas.poly_degree, atlas.poly_key_dim)
+    hidden = atlas.memory_expansion * head_dim if atlas.memory_depth == 2 else 0
+    return MemoryLayout(features, head_dim, hidden)
+
+
+def atlas_settings(config: ModelConfig) -> AtlasSettings:
+    atlas = config.atlas
+    return AtlasSettings(memory_layout(config), window=atlas.window, chunk_size=atlas.chunk_size,
+                         ns_steps=atlas.ns_steps, ns_coefficients=atlas.ns_coefficients, impl=config.kernel_impl,
+                         ns_dtype=config.compute_dtype)
+
+
+def _unit(x: jax.Array) -> jax.Array:
+    return x * jax.lax.rsqrt(jnp.sum(jnp.square(x), axis=-1, keepdims=True) + 1e-6)
+
+
+class Atlas(nnx.Module):
+    """The Atlas memory mixer (module docstring); ``x [B, T, d_model] -> (y [B, T, d_model], cache)``."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        atlas, heads, head_dim, d_model = config.atlas, config.num_heads, config.head_dim, config.d_model
+        std = config.init_std
+        self.settings = atlas_settings(config)
+        self.poly_key_dim = atlas.poly_key_dim
+        self.ranges = tuple(getattr(atlas, f"{name}_range") for name in GATES)
+
+        # q, k, v and the output gate in one matmul; one short conv over the q, k, v channels.
+        self.projection = Dense(d_model, (heads, 4, head_dim), "embed", ("heads", None, "head_dim"), rngs=rngs, std=std)
+        self.conv = ShortConv(3 * heads * head_dim, atlas.conv_size, rngs=rngs)
+        self.gates = Dense(d_model, (heads, len(GATES)), "embed", ("heads", None), rngs=rngs, std=std, use_bias=True)
+        self.gates.bias.set_value(jnp.broadcast_to(jnp.asarray(GATE_INITIAL_LOGITS), (heads, len(GATES))))
+        self.poly_coefficients = None if atlas.poly_degree == 1 else constant_param(
+            jnp.broadcast_to(initial_coefficients(atlas.poly_degree), (heads, atlas.poly_degree)), ("heads", None))
+        layout = self.settings.layout
+        if layout.deep:
+            self.initial_memory = nnx.List([
+                param(rngs, (heads, m, n), ("heads", None, None), std=m**-0.5) for m, n in layout.shapes])
+        else:
+            self.initial_memory = nnx.List([constant_param(jnp.zeros((heads, *layout.shapes[0])),
+                                                           ("heads", None, None))])
+        self.out_norm = RMSNorm(head_dim, eps=config.norm_eps, axis_name="head_dim")
+        self.out = DenseOut((heads, head_dim), d_model, ("heads", "head_dim"), "embed", rngs=rngs, std=std)
+
+    def _qkv(self, x, segment_ids, conv_cache):
+        """Unit queries and keys, values ``[B, T, H, D]`` (float32), output gate, conv cache."""
+        projected = self.projection(x)  # [B, T, H, 4, D]: q, k, v, output gate of each head
+        qkv = projected[:, :, :, :3]
+        mixed, conv_cache = self.conv(qkv.reshape(*x.shape[:2], -1), segment_ids=segment_ids, cache=conv_cache)
+        mixed = jax.nn.silu(mixed.astype(jnp.float32)).reshape(qkv.shape)
+        q, k, v = (constrain(mixed[:, :, :, i], ("batch", "seq", "heads", "head_dim")) for i in range(3))
+        return _unit(q), _unit(k), v, projected[:, :, :, 3], conv_cache
+
+    def _inputs(self, x, segment_ids, conv_cache):
+        q, k, v, output_gate, conv_cache = self._qkv(x, segment_ids, conv_cache)
+        gates = jax.nn.sigmoid(self.gates(x).astype(jnp.float32))
+        alpha, theta, eta, gamma = (low + (high - low) * gates[..., i] for i, (low, high) in enumerate(self.ranges))
+        coefficients = None if self.poly_coefficients is None else self.poly_coefficients.get_value()
+        if segment_ids is None:
+            segment_ids = jnp.ones(x.shape[:2], jnp.int32)
+        inputs = AtlasInputs(feature_map(k, coefficients, self.poly_key_dim), v,
+                             feature_map(q, coefficients, self.poly_key_dim), alpha, theta, eta, gamma, segment_ids)
+        return inputs, output_gate, conv_cache
+
+    def __call__(self, x, *, segment_ids=None, positions=None, cache=None):
+        if cache is not None:
+            segment_ids = None  # decoding continues one document
+        inputs, output_gate, conv_cache = self._inputs(x, segment_ids, None if cache is None else cache["conv"])
+        initial = tuple(w.get_value() for w in self.initial_memory)
+        if cache is None:
+            y = chunked(inputs, initial, self.settings)
+        else:
+            starts = jnp.zeros(x.shape[:2], bool)
+            state, y = run_steps(cache["memory"], inputs, initial, self.settings, starts, ~starts)
+            cache = {"conv": conv_cache, "memory": state}
+        y = constrain(y, ("batch", "seq", "heads", "head_dim"))
+        y = self.out_norm(y.astype(x.dtype), gate=output_gate)
+        return self.out(y), cache
+
+    def init_cache(self, batch_size: int, max_len: int, dtype=jnp.float32) -> dict:
+        """The conv history ``[B, conv_size - 1, 3 H D]`` and the recurrent state (float32); ``max_len`` is unused."""
+        _, heads, _, head_dim = self.projection.kernel.get_value().shape
+        initial = tuple(w.get_value() for w in self.initial_memory)
+        return {"conv": self.conv.init_cache(batch_size, 3 * heads * head_dim, dtype),
+                "memory": init_state(batch_size, initial, self.settings)}
+
+
+def newton_schulz_step_flops(m: int, n: int) -> int:
+    small, large = min(m, n), max(m, n)
+    return 4 * small * small * large + 2 * small**3
+
+
+def memory_flops_per_token(settings: AtlasSettings) -> float:
+    """Forward FLOPs per token and head of the recurrence (the ``per head`` lines of the module docstring)."""
+    layout = settings.layout
+    size = layout.size
+    backward = 2 * layout.hidden_dim * layout.value_dim if layout.deep else 0
+    inner = 2 * (2 * size + backward)
+    window = 2 * (settings.chunk_size + settings.window - 1) * size
+    if layout.deep:
+        ns = 2 * newton_schulz_step_flops(layout.feature_dim, layout.hidden_dim)
+    else:
+        ns = newton_schulz_step_flops(layout.feature_dim, layout.value_dim)
+    return inner + window + settings.ns_steps * ns + 2 * size
+
+
+def atlas_flops(config: ModelConfig, seq_len: int) -> float:
+    """Forward FLOPs per token of one ``atlas`` layer (module docstring); independent of ``seq_len``."""
+    heads, head_dim, d_model = config.num_heads, config.head_dim, config.d_model
+    projections = 2 * d_model * 4 * heads * head_dim + 2 * d_model * 4 * heads + 2 * heads * head_dim * d_model
+    return projections + heads * memory_flops_per_token(atlas_settings(config))
+
+
+register("atlas", lambda config, rngs: Atlas(config, rngs=rngs), atlas_flops)

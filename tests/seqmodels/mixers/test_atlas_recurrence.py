@@ -1,0 +1,180 @@
+"""The Atlas recurrence: chunk-parallel form == sequential reference (values and gradients), the
+online rule at chunk size 1, document isolation, and zero momentum without NaN."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_kernels import newton_schulz
+from seqmodels.mixers.atlas_memory import (MemoryLayout, feature_dim, feature_map, initial_coefficients, memory_apply,
+                                           memory_loss)
+from seqmodels.mixers.atlas_recurrence import AtlasInputs, AtlasSettings, chunked, reference
+
+pytestmark = pytest.mark.xdist_group("atlas_recurrence")  # one worker: jitted programs are reused
+
+BATCH, LENGTH, HEADS, KEY_DIM, REDUCED = 2, 10, 2, 4, 3
+# Row 0 packs three documents (the second starts mid-chunk) and ends in padding; row 1 is one document.
+SEGMENTS = np.array([[1, 1, 1, 2, 2, 2, 2, 2, 3, 0], [1] * LENGTH], np.int32)
+GATE_RANGES = {"alpha": (0.8, 1.0), "theta": (0.0, 0.9), "eta": (0.0, 0.3), "gamma": (0.0, 1.0)}
+
+
+def make_case(deep: bool, degree: int, seed: int = 0):
+    """Random unit keys/queries, values, gates within their ranges, and a random initial memory."""
+    keys = jax.random.split(jax.random.key(seed), 12)
+    layout = MemoryLayout(feature_dim(KEY_DIM, degree, REDUCED), KEY_DIM, 2 * KEY_DIM if deep else 0)
+    coefficients = None if degree == 1 else jnp.broadcast_to(initial_coefficients(degree), (HEADS, degree))
+
+    def unit_features(key):
+        x = jax.random.normal(key, (BATCH, LENGTH, HEADS, KEY_DIM))
+        return feature_map(x / jnp.linalg.norm(x, axis=-1, keepdims=True), coefficients, REDUCED)
+
+    gates = [low + (high - low) * jax.random.uniform(keys[3 + i], (BATCH, LENGTH, HEADS))
+             for i, (low, high) in enumerate(GATE_RANGES.values())]
+    inputs = AtlasInputs(unit_features(keys[0]), jax.random.normal(keys[1], (BATCH, LENGTH, HEADS, KEY_DIM)),
+                         unit_features(keys[2]), *gates, jnp.asarray(SEGMENTS))
+    initial = tuple(0.3 * jax.random.normal(keys[8 + i], (HEADS, m, n)) for i, (m, n) in enumerate(layout.shapes))
+    return inputs, initial, layout
+
+
+@functools.cache
+def value_and_grads(form, settings: AtlasSettings):
+    """jit of ``(sum(y * w), grads wrt every float input and M_0)`` for ``form`` in {chunked, reference}."""
+    def objective(floats, initial, segment_ids, weights):
+        y = form(AtlasInputs(*floats, segment_ids), initial, settings)
+        return jnp.sum(y * weights), y
+    return jax.jit(jax.value_and_grad(objective, argnums=(0, 1), has_aux=True))
+
+
+def evaluate(form, inputs, initial, settings):
+    weights = jax.random.normal(jax.random.key(7), inputs.values.shape)
+    (_, y), grads = value_and_grads(form, settings)(tuple(inputs[:7]), initial, inputs.segment_ids, weights)
+    return y, grads
+
+
+CASES = {
+    # deep MLP memory, degree-2 features, window 3 across chunks of 4, Muon NS (k = 5), ragged length 10
+    "deep-p2-c3-b4-k5": (True, 2, AtlasSettings(None, window=3, chunk_size=4, ns_steps=5, impl="xla")),
+    # linear memory, identity features, window 6 > chunk 4 (reaches two chunks back), no NS (OmegaNet rule)
+    "linear-p1-c6-b4-k0": (False, 1, AtlasSettings(None, window=6, chunk_size=4, ns_steps=0, impl="xla")),
+}
+
+
+def settings_for(name):
+    deep, degree, settings = CASES[name]
+    inputs, initial, layout = make_case(deep, degree)
+    return inputs, initial, AtlasSettings(layout, settings.window, settings.chunk_size, settings.ns_steps,
+                                          impl=settings.impl)
+
+
+def scale_tolerance(settings):
+    # float32. Without NS the two forms differ by summation order only (~1e-6 relative). Each muon NS
+    # step multiplies small singular values by up to 3.4445, so k steps amplify rounding by up to
+    # 3.4445^k (~485 for k = 5): ~1e-7 * 485 ~ 5e-5 relative; 1e-3 leaves a margin of 20.
+    return 1e-3 if settings.ns_steps else 2e-5
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_chunked_form_matches_sequential_reference_values_and_gradients(case):
+    inputs, initial, settings = settings_for(case)
+    y_chunked, grads_chunked = evaluate(chunked, inputs, initial, settings)
+    y_reference, grads_reference = evaluate(reference, inputs, initial, settings)
+    tolerance = scale_tolerance(settings)
+    assert np.abs(np.asarray(y_reference)).max() > 0.1  # the memory produced real outputs
+    np.testing.assert_allclose(y_chunked, y_reference, atol=tolerance * np.abs(y_reference).max(), rtol=0)
+    for got, want in zip(jax.tree.leaves(grads_chunked), jax.tree.leaves(grads_reference)):
+        scale = max(float(np.abs(want).max()), 1e-6)
+        np.testing.assert_allclose(got, want, atol=tolerance * scale, rtol=0)
+    assert float(np.abs(grads_reference[1][0]).max()) > 0  # gradients reach the initial memory
+
+
+def online_rule(inputs, initial, layout, window, ns_steps):
+    """The fully online Omega rule written out: every gradient at M_{t-1}, per token, per document."""
+    starts = np.concatenate([[True], SEGMENTS[0, 1:] != SEGMENTS[0, :-1]])
+    outputs = []
+    for row in range(BATCH):
+        memory, momentum, history, row_out = initial, None, [], []
+        for t in range(LENGTH):
+            token = [x[row, t] for x in inputs[:7]]  # [H, ...] each
+            if t == 0 or (row == 0 and starts[t]):
+                memory, momentum, history = initial, tuple(jnp.zeros_like(w) for w in initial), []
+            weight = token[6] * float(SEGMENTS[row, t] != 0) if row == 0 else token[6]
+            grads = jax.grad(memory_loss)(memory, token[0], token[1], layout)
+            history = (history + [tuple(weight[:, None, None] * g for g in grads)])[-window:]
+            total = tuple(sum(parts) for parts in zip(*history))
+            momentum = tuple(token[4][:, None, None] * s - token[5][:, None, None] * g for s, g in zip(momentum, total))
+            update = momentum if ns_steps == 0 else tuple(newton_schulz(s, steps=ns_steps, impl="reference")
+                                                            for s in momentum)
+            memory = tuple(token[3][:, None, None] * m + u for m, u in zip(memory, update))
+            row_out.append(memory_apply(memory, token[2], layout))
+        outputs.append(jnp.stack(row_out))
+    return jnp.stack(outputs)
+
+
+def test_chunk_size_one_is_the_fully_online_rule():
+    inputs, initial, settings = settings_for("deep-p2-c3-b4-k5")
+    online = AtlasSettings(settings.layout, window=3, chunk_size=1, ns_steps=5, impl="xla")
+    expected = online_rule(inputs, initial, settings.layout, window=3, ns_steps=5)
+    tolerance = scale_tolerance(online) * float(jnp.abs(expected).max())
+    np.testing.assert_allclose(jax.jit(chunked, static_argnums=2)(inputs, initial, online), expected, atol=tolerance)
+    np.testing.assert_allclose(jax.jit(reference, static_argnums=2)(inputs, initial, online), expected,
+                               atol=tolerance)
+    # With chunks of 4 the gradients are taken at chunk starts instead: a different rule.
+    y_chunks, _ = evaluate(chunked, inputs, initial, settings)
+    assert float(jnp.abs(y_chunks - expected).max()) > 100 * tolerance
+
+
+def test_packed_documents_share_no_state():
+    inputs, initial, settings = settings_for("deep-p2-c3-b4-k5")
+    # Document A fills the first chunk (4 tokens), document B the next 6 tokens.
+    packed_segments = jnp.asarray([[1] * 4 + [2] * 6] * BATCH, jnp.int32)
+    alone = AtlasInputs(*(jnp.concatenate([x[:, 4:], x[:, :4]], axis=1) for x in inputs[:7]),
+                        jnp.asarray([[1] * 6 + [0] * 4] * BATCH, jnp.int32))  # B, then padding
+    y_packed, _ = evaluate(chunked, inputs._replace(segment_ids=packed_segments), initial, settings)
+    y_alone, _ = evaluate(chunked, alone, initial, settings)
+    np.testing.assert_allclose(y_packed[:, 4:], y_alone[:, :6], atol=1e-5, rtol=0)  # float32, same arithmetic
+    y_joined, _ = evaluate(chunked, inputs._replace(segment_ids=jnp.ones_like(packed_segments)), initial, settings)
+    assert float(jnp.abs(y_joined[:, 4:] - y_alone[:, :6]).max()) > 1e-3  # without segments, A leaks into B
+
+
+def test_zero_momentum_gives_no_nan_and_keeps_the_initial_memory():
+    inputs, initial, settings = settings_for("deep-p2-c3-b4-k5")
+    # eta = 0 and gamma = 0: every momentum is exactly zero, so NS_5 runs on zero matrices.
+    zero = inputs._replace(eta=jnp.zeros_like(inputs.eta), gamma=jnp.zeros_like(inputs.gamma),
+                           alpha=jnp.ones_like(inputs.alpha))
+    y, grads = evaluate(chunked, zero, initial, settings)
+    assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads))
+    # The memory never moves from M_0 (alpha = 1): y_t = M_0(phi(q_t)) on every token, padding included.
+    np.testing.assert_allclose(y, memory_apply(initial, zero.phi_q, settings.layout), atol=1e-6, rtol=0)
+
+
+def test_inputs_of_the_wrong_shape_are_named():
+    inputs, initial, settings = settings_for("linear-p1-c6-b4-k0")
+    message = r"eta must have shape \(2, 10, 2\) \(from phi_k \[B, T, H, F\]\), got \(2, 9, 2\)"
+    with pytest.raises(ValueError, match=message):
+        chunked(inputs._replace(eta=inputs.eta[:, :9]), initial, settings)
+    with pytest.raises(ValueError, match=r"initial_memory\[0\] must have shape \[H, m, n\] = \(2, 4, 4\)"):
+        reference(inputs, (initial[0][:1],), settings)
+    with pytest.raises(ValueError, match="window must be an int >= 1, got 0"):
+        AtlasSettings(settings.layout, window=0, chunk_size=4, ns_steps=0)
+
+
+def test_linear_memory_retrieves_a_value_written_with_a_full_delta_step():
+    # Orthonormal keys, eta = 1/2 (a full delta-rule step on ||M k - v||^2), no decay, no momentum: every
+    # write stores its value exactly and later writes on orthogonal keys leave it alone, also when the
+    # gradients of a chunk are all taken at the chunk start.
+    layout = MemoryLayout(KEY_DIM, KEY_DIM)
+    keys = jnp.broadcast_to(jnp.eye(KEY_DIM)[jnp.arange(LENGTH) % KEY_DIM][None, :, None], (1, LENGTH, 1, KEY_DIM))
+    values = jax.random.normal(jax.random.key(0), (1, LENGTH, 1, KEY_DIM))
+    ones = jnp.ones((1, LENGTH, 1))
+    inputs = AtlasInputs(keys, values, jnp.broadcast_to(keys[:, :1], keys.shape), ones, 0 * ones, ones / 2, ones,
+                         jnp.ones((1, LENGTH), jnp.int32))
+    initial = (jnp.zeros((1, KEY_DIM, KEY_DIM)),)
+    for chunk_size in (1, 4):
+        settings = AtlasSettings(layout, window=1, chunk_size=chunk_size, ns_steps=0, impl="xla")
+        y = chunked(inputs, initial, settings)
+        # The query is the first key: its value comes back until the fifth token rewrites that key.
+        np.testing.assert_allclose(y[0, :KEY_DIM, 0], jnp.broadcast_to(values[0, 0, 0], (KEY_DIM, KEY_DIM)),
+                                   atol=1e-5)
