@@ -135,7 +135,8 @@ def merged_report(report: dict, previous: dict) -> dict:
         if ours != theirs:
             raise ValueError(f"--merge: setting {key!r} is {ours!r} here but {theirs!r} in the existing needle.json")
     kept = {name: result for name, result in previous["models"].items() if name not in report["models"]}
-    return {**report, "models": {**kept, **report["models"]}}
+    # Through JSON, as needle.json stores it: depth keys become strings in every row alike.
+    return json.loads(json.dumps({**report, "models": {**kept, **report["models"]}}, default=str))
 
 
 def main(argv=None) -> int:

@@ -10,7 +10,7 @@ SETTINGS = ["--seq-len", "16", "--steps", "3", "--batch-size", "2", "--per-depth
 
 
 def _fake_result(accuracy: float) -> dict:
-    length = {"accuracy": accuracy, "by_depth": {"0.0": accuracy, "1.0": accuracy}}
+    length = {"accuracy": accuracy, "by_depth": {0.0: accuracy, 1.0: accuracy}}  # float keys, as scored
     return {"train_seconds": 1.0, "last_loss": 0.5, "by_length": {f"{f}x": dict(length) for f in (1, 2, 4)}}
 
 
