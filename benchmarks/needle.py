@@ -55,6 +55,9 @@ def parse_args(argv):
     parser.add_argument("--out", default=str(ROOT / "results" / "needle"))
     parser.add_argument("--report-only", action="store_true",
                         help="train nothing: rewrite needle.md from the needle.json already in --out")
+    parser.add_argument("--merge", action="store_true",
+                        help="add the trained models to the needle.json already in --out (same settings required) "
+                             "instead of replacing it")
     parser.add_argument("--work-dir", default=str(ROOT / "runs" / "needle"), help="run directories")
     return parser.parse_args(argv)
 
@@ -121,6 +124,21 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def merged_report(report: dict, previous: dict) -> dict:
+    """``report`` with the models of ``previous`` that it does not retrain, when both share settings.
+
+    Raises ``ValueError`` naming the first setting that differs: rows trained differently do not
+    belong in one table.
+    """
+    for key in sorted(set(report["settings"]) | set(previous["settings"])):
+        ours, theirs = report["settings"].get(key), previous["settings"].get(key)
+        if ours != theirs:
+            raise ValueError(f"--merge: setting {key!r} is {ours!r} here but {theirs!r} in the existing needle.json")
+    kept = {name: result for name, result in previous["models"].items() if name not in report["models"]}
+    # Through JSON, as needle.json stores it: depth keys become strings in every row alike.
+    return json.loads(json.dumps({**report, "models": {**kept, **report["models"]}}, default=str))
+
+
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.report_only:
@@ -142,8 +160,13 @@ def main(argv=None) -> int:
               "lengths": {f"{f}x": f * (args.seq_len + 1) for f in LENGTH_FACTORS}, "models": {}}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    previous = json.loads((out / "needle.json").read_text()) if args.merge else None
+    if previous is not None:
+        merged_report(report, previous)  # fail on differing settings before training anything
     for name in names:
         report["models"][name] = run_model(name, args, depths)
+        if previous is not None:
+            report = merged_report(report, previous)
         (out / "needle.json").write_text(json.dumps(report, indent=2, default=str))
         (out / "needle.md").write_text(markdown(report))
         accuracies = report["models"][name]["by_length"].items()
