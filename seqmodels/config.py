@@ -57,6 +57,41 @@ class SlidingWindowConfig:
 
 
 @dataclass(frozen=True)
+class LoopedConfig:
+    """``model.kind: looped``: a prelude, ONE shared block applied ``loops(N)`` times, a coda, a read-out at [CLS]."""
+
+    prelude_layers: int = describe("distinct blocks before the loop (0-2)", 1)
+    coda_layers: int = describe("distinct blocks after the loop (0-2)", 1)
+    loop_schedule: str = describe("log: loops(N) = ceil(loops_scale * log2 N) + loops_offset | fixed: fixed_loops",
+                                  "log")
+    loops_scale: float = describe("c in loops(N) = ceil(c log2 N) + d", 1.0)
+    loops_offset: int = describe("d in loops(N) = ceil(c log2 N) + d", 1)
+    fixed_loops: int = describe("loop count when loop_schedule = fixed", 4)
+    share_weights: bool = describe(
+        "one block looped (true), or fixed_loops distinct blocks: a fixed-depth baseline (false; loop_schedule fixed)",
+        True)
+    reinject: bool = describe("add the prelude output to the block input at every loop", True)
+    padding_scale: float = describe("a in P(N) = ceil(a N^e) padding tokens before [CLS]; 0 = no padding", 0.0)
+    padding_exponent: float = describe("e in P(N) = ceil(a N^e)", 1.0)
+    attention: str = describe("causal | bidirectional", "bidirectional")
+
+    def __post_init__(self):
+        for key in ("prelude_layers", "coda_layers"):
+            _require(0 <= getattr(self, key) <= 2, f"model.looped.{key}", f"must be 0, 1 or 2, got {getattr(self, key)}")
+        _require(self.loop_schedule in ("log", "fixed"), "model.looped.loop_schedule",
+                 f"must be log or fixed, got {self.loop_schedule!r}")
+        _require(self.loops_scale >= 0, "model.looped.loops_scale", f"must be >= 0, got {self.loops_scale}")
+        _require(self.fixed_loops >= 1, "model.looped.fixed_loops", f"must be >= 1, got {self.fixed_loops}")
+        _require(self.share_weights or self.loop_schedule == "fixed", "model.looped.share_weights",
+                 "false (distinct blocks) needs model.looped.loop_schedule=fixed")
+        _require(self.padding_scale >= 0, "model.looped.padding_scale", f"must be >= 0, got {self.padding_scale}")
+        _require(self.padding_exponent >= 0, "model.looped.padding_exponent",
+                 f"must be >= 0, got {self.padding_exponent}")
+        _require(self.attention in ("causal", "bidirectional"), "model.looped.attention",
+                 f"must be causal or bidirectional, got {self.attention!r}")
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """A decoder language model assembled from a list of mixers, each followed by a SwiGLU MLP."""
 
@@ -77,8 +112,12 @@ class ModelConfig:
     init_std: float = describe("standard deviation of the normal initialiser of weights", 0.02)
     attention: AttentionConfig = describe("attention settings", factory=AttentionConfig)
     swa: SlidingWindowConfig = describe("sliding-window attention settings", factory=SlidingWindowConfig)
+    kind: str = describe("lm (decoder LM over model.mixers) | looped (looped padded transformer, model.looped)",
+                         "lm")
+    looped: LoopedConfig = describe("looped padded transformer settings", factory=LoopedConfig)
 
     def __post_init__(self):
+        _require(self.kind in ("lm", "looped"), "model.kind", f"must be lm or looped, got {self.kind!r}")
         for key in ("vocab_size", "d_model", "num_heads", "max_seq_len"):
             _require(getattr(self, key) >= 1, f"model.{key}", f"must be >= 1, got {getattr(self, key)}")
         _require(self.d_ff >= 0, "model.d_ff", f"must be >= 0, got {self.d_ff}")
@@ -105,23 +144,52 @@ class ModelConfig:
         return -(-(8 * self.d_model // 3) // 64) * 64
 
 
+CFL_LANGUAGES = ("dyck1", "dyck2", "marked_palindrome", "palindrome", "anbn_cmdm", "ambiguous", "bfvp")
+
+
+@dataclass(frozen=True)
+class CflDataConfig:
+    """``data.source: cfl``: labelled strings of context-free languages (``seqmodels.data.cfl``), one per row."""
+
+    languages: tuple[str, ...] = describe("languages to train on; each example's [BOS] token names its language",
+                                          factory=lambda: CFL_LANGUAGES)
+    min_length: int = describe("shortest training string", 1)
+    max_length: int = describe("longest training string; a language uses its lengths in [min, max] with positives",
+                               32)
+
+    def __post_init__(self):
+        _require(len(self.languages) >= 1, "data.cfl.languages", "needs at least one language")
+        unknown = [name for name in self.languages if name not in CFL_LANGUAGES]
+        _require(not unknown, "data.cfl.languages", f"unknown {unknown}; known: {', '.join(CFL_LANGUAGES)}")
+        _require(len(set(self.languages)) == len(self.languages), "data.cfl.languages",
+                 f"lists a language twice: {list(self.languages)}")
+        _require(self.min_length >= 1, "data.cfl.min_length", f"must be >= 1, got {self.min_length}")
+        _require(self.max_length >= self.min_length, "data.cfl.max_length",
+                 f"{self.max_length} is below data.cfl.min_length={self.min_length}")
+
+
 @dataclass(frozen=True)
 class DataConfig:
     """Where tokens come from and how they are packed into rows."""
 
-    source: str = describe("stdlib (Python's own source files, on every machine) | text_files | arrayrecord",
+    source: str = describe("stdlib (Python's own source files, on every machine) | text_files | arrayrecord | cfl",
                            "stdlib")
     path: str = describe("glob of text files (text_files) or ArrayRecord shards (arrayrecord)", "")
     tokenizer: str = describe("byte (UTF-8 bytes + begin- and end-of-document tokens)", "byte")
     seq_len: int = describe("tokens per training row", 256)
     heldout_fraction: float = describe("share of documents held out for evaluation (chosen by hash)", 0.02)
     max_documents: int = describe("use at most this many documents; 0 = all", 0)
-    seed: int = describe("seed of the document shuffle", 0)
+    seed: int = describe("seed of the document shuffle (cfl: of the generated examples)", 0)
+    cfl: CflDataConfig = describe("context-free-language recognition data (data.source = cfl)",
+                                  factory=CflDataConfig)
 
     def __post_init__(self):
-        _require(self.source in ("stdlib", "text_files", "arrayrecord"), "data.source",
-                 f"must be stdlib, text_files or arrayrecord, got {self.source!r}")
-        _require(self.source == "stdlib" or bool(self.path), "data.path",
+        _require(self.source in ("stdlib", "text_files", "arrayrecord", "cfl"), "data.source",
+                 f"must be stdlib, text_files, arrayrecord or cfl, got {self.source!r}")
+        _require(self.source != "cfl" or self.seq_len >= self.cfl.max_length + 2, "data.seq_len",
+                 f"{self.seq_len} cannot hold [BOS] + data.cfl.max_length={self.cfl.max_length} symbols + [CLS]; "
+                 f"set data.seq_len >= {self.cfl.max_length + 2}")
+        _require(self.source in ("stdlib", "cfl") or bool(self.path), "data.path",
                  f"data.source={self.source} needs data.path (a glob of files)")
         _require(self.tokenizer == "byte", "data.tokenizer", f"must be byte, got {self.tokenizer!r}")
         _require(self.seq_len >= 1, "data.seq_len", f"must be >= 1, got {self.seq_len}")

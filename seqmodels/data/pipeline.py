@@ -42,6 +42,9 @@ import grain
 import numpy as np
 
 from seqmodels.config import DataConfig
+from seqmodels.data.cfl_pipeline import VOCAB_SIZE as CFL_VOCAB_SIZE
+from seqmodels.data.cfl_pipeline import (check_cfl_config, describe_cfl, make_cfl_eval_batches,
+                                         make_cfl_train_dataset)
 from seqmodels.data.corpus import DataError, Documents, load_documents
 from seqmodels.data.packing import pack_and_batch, pad_batch
 from seqmodels.data.tokenizers import ByteTokenizer, get_tokenizer
@@ -105,12 +108,20 @@ def make_train_dataset(cfg: DataConfig, *, batch_size: int, process_index: int =
     _check_batching(batch_size, process_index, process_count)
     if not isinstance(prefetch_batches, int) or prefetch_batches < 0:
         raise ValueError(f"prefetch_batches must be an int >= 0, got {prefetch_batches!r}")
+    if cfg.source == "cfl":
+        batches = make_cfl_train_dataset(cfg, batch_size=batch_size, process_index=process_index,
+                                         process_count=process_count)
+        return _prefetched(batches, prefetch_batches)
     split = load_documents(cfg)  # never leaves train empty: a lone document goes to train
     stream = train_document_stream(split.train, seed=cfg.seed, process_index=process_index,
                                    process_count=process_count)
     stream = stream.map(FrameDocument(get_tokenizer(cfg.tokenizer)))
     batches = pack_and_batch(stream.to_iter_dataset(_READ_OPTIONS), seq_len=cfg.seq_len,
                              batch_size=batch_size)
+    return _prefetched(batches, prefetch_batches)
+
+
+def _prefetched(batches: grain.IterDataset, prefetch_batches: int) -> grain.IterDataset:
     if prefetch_batches:
         batches = grain.experimental.ThreadPrefetchIterDataset(
             batches, prefetch_buffer_size=prefetch_batches)
@@ -127,6 +138,8 @@ def make_eval_batches(cfg: DataConfig, *, batch_size: int, max_batches: int) -> 
     _check_batching(batch_size, 0, 1)
     if not isinstance(max_batches, int) or max_batches < 1:
         raise ValueError(f"max_batches must be an int >= 1, got {max_batches!r}")
+    if cfg.source == "cfl":
+        return make_cfl_eval_batches(cfg, batch_size=batch_size, max_batches=max_batches)
     split = load_documents(cfg)
     if not len(split.heldout):
         raise DataError(f"data.heldout_fraction={cfg.heldout_fraction}: no held-out documents "
@@ -144,10 +157,15 @@ def make_eval_batches(cfg: DataConfig, *, batch_size: int, max_batches: int) -> 
 
 
 def required_vocab_size(cfg: DataConfig) -> int:
-    """The embedding rows a model needs for this data: the tokenizer's vocabulary."""
+    """The embedding rows a model needs for this data: the tokenizer's vocabulary (cfl: its own)."""
+    if cfg.source == "cfl":
+        check_cfl_config(cfg)
+        return CFL_VOCAB_SIZE
     return get_tokenizer(cfg.tokenizer).vocab_size
 
 
 def describe_source(cfg: DataConfig) -> str:
     """One line for the training log: source, train / held-out document counts, size."""
+    if cfg.source == "cfl":
+        return describe_cfl(cfg)
     return load_documents(cfg).describe()
