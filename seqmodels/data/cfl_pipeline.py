@@ -52,6 +52,18 @@ def encode(language: str, text: str) -> np.ndarray:
     return np.array([BOS_IDS[language], *(SYMBOL_IDS[s] for s in text), CLS_ID], np.int32)
 
 
+def decode(tokens) -> tuple[str, str]:
+    """``(language, text)`` of ``[BOS_language] w_1 .. w_N [CLS]`` (what ``encode`` made)."""
+    tokens = [int(t) for t in tokens]
+    languages = {bos: name for name, bos in BOS_IDS.items()}
+    symbols = {i: symbol for symbol, i in SYMBOL_IDS.items()}
+    if len(tokens) < 2 or tokens[0] not in languages or tokens[-1] != CLS_ID:
+        raise ValueError(f"tokens must be [BOS_language] symbols... [CLS], got {tokens}")
+    if any(t not in symbols for t in tokens[1:-1]):
+        raise ValueError(f"tokens between [BOS] and [CLS] must be symbols, got {tokens[1:-1]}")
+    return languages[tokens[0]], "".join(symbols[t] for t in tokens[1:-1])
+
+
 def labelled_element(language: str, text: str, label: bool) -> dict[str, np.ndarray]:
     """The element ``[BOS] w [CLS] [LABEL]`` with its loss on ``LABEL`` only."""
     tokens = np.append(encode(language, text), ACCEPT_ID if label else REJECT_ID).astype(np.int32)

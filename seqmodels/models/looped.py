@@ -41,7 +41,6 @@ import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from flax import nnx
 
@@ -196,5 +195,6 @@ def looped_flops_per_token(config: ModelConfig, seq_len: int) -> float:
     return per_row / seq_len
 
 
-def parameter_count(model: LoopedModel) -> int:
-    return int(sum(np.size(leaf) for leaf in jax.tree.leaves(nnx.state(model, nnx.Param))))
+def parameter_count(model: nnx.Module) -> int:
+    """Number of parameters of ``model`` (also of an abstract one from ``nnx.eval_shape``)."""
+    return sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(nnx.state(model, nnx.Param)))
