@@ -129,7 +129,8 @@ def launch(args, names: list[str]) -> dict:
     import shutil
     cache = Path(args.runs) / "compilation_cache"  # shared by the workers, emptied so that timings start cold
     shutil.rmtree(cache, ignore_errors=True)
-    env = dict(os.environ, XLA_FLAGS=os.environ.get("XLA_FLAGS", SINGLE_THREAD_FLAGS), PYTHONUNBUFFERED="1",
+    flags = f"{SINGLE_THREAD_FLAGS} {os.environ.get('XLA_FLAGS', '')}".strip()  # the caller's flags come last
+    env = dict(os.environ, XLA_FLAGS=flags, PYTHONUNBUFFERED="1",
                JAX_COMPILATION_CACHE_DIR=str(cache), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
     pending, running, failed = list(names), {}, []
     Path(args.runs).mkdir(parents=True, exist_ok=True)

@@ -77,7 +77,8 @@ class LoopedConfig:
 
     def __post_init__(self):
         for key in ("prelude_layers", "coda_layers"):
-            _require(0 <= getattr(self, key) <= 2, f"model.looped.{key}", f"must be 0, 1 or 2, got {getattr(self, key)}")
+            value = getattr(self, key)
+            _require(0 <= value <= 2, f"model.looped.{key}", f"must be 0, 1 or 2, got {value}")
         _require(self.loop_schedule in ("log", "fixed"), "model.looped.loop_schedule",
                  f"must be log or fixed, got {self.loop_schedule!r}")
         _require(self.loops_scale >= 0, "model.looped.loops_scale", f"must be >= 0, got {self.loops_scale}")
@@ -156,6 +157,12 @@ class CflDataConfig:
     min_length: int = describe("shortest training string", 1)
     max_length: int = describe("longest training string; a language uses its lengths in [min, max] with positives",
                                32)
+    length_buckets: int = describe(
+        "each training batch holds lengths from one of this many equal ranges of [min, max], in rows as long as "
+        "that range needs (1: every row data.seq_len)", 4)
+    curriculum_steps: int = describe(
+        "length curriculum: the k-th of the length_buckets ranges enters training at batch k/length_buckets of "
+        "this many (0 = all ranges from the start)", 0)
 
     def __post_init__(self):
         _require(len(self.languages) >= 1, "data.cfl.languages", "needs at least one language")
@@ -166,6 +173,8 @@ class CflDataConfig:
         _require(self.min_length >= 1, "data.cfl.min_length", f"must be >= 1, got {self.min_length}")
         _require(self.max_length >= self.min_length, "data.cfl.max_length",
                  f"{self.max_length} is below data.cfl.min_length={self.min_length}")
+        _require(self.length_buckets >= 1, "data.cfl.length_buckets", f"must be >= 1, got {self.length_buckets}")
+        _require(self.curriculum_steps >= 0, "data.cfl.curriculum_steps", f"must be >= 0, got {self.curriculum_steps}")
 
 
 @dataclass(frozen=True)

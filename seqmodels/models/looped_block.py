@@ -24,7 +24,7 @@ from seqmodels.sharding import constrain
 
 
 def attention_mask(valid: jax.Array, *, causal: bool) -> jax.Array:
-    """``[B, 1, T, T]``: query t sees key s iff s is a token of the example (``valid: [B, T]``) and, if causal, s <= t."""
+    """``[B, 1, T, T]``: query t sees key s iff s is a token (``valid: [B, T]``) and, if causal, s <= t."""
     visible = jnp.broadcast_to(valid[:, None, :], (*valid.shape, valid.shape[1]))
     if causal:
         length = valid.shape[1]

@@ -104,7 +104,7 @@ def test_shared_weights_are_one_set_whatever_the_loop_count():
 
 
 def test_gradient_of_the_shared_block_sums_the_gradients_of_every_loop():
-    """Unrolled into 4 distinct copies of the shared block, each copy gets a gradient, and they sum to the shared one."""
+    """Unrolled into 4 distinct copies of the shared block: each copy gets a gradient; they sum to the shared one."""
     loops = 4
     shared = build_model(looped_config(loop_schedule="fixed", fixed_loops=loops), seed=5)
     unrolled = build_model(looped_config(loop_schedule="fixed", fixed_loops=loops, share_weights=False), seed=6)
