@@ -76,6 +76,15 @@ def test_each_training_batch_holds_one_length_range_in_rows_just_long_enough():
     assert single["inputs"].shape == (16, data.seq_len)
 
 
+def test_length_curriculum_opens_longer_ranges_as_training_proceeds():
+    data = cfl_data(length_buckets=4, curriculum_steps=40)
+    iterator = iter(make_train_dataset(data, batch_size=4))
+    longest = [int((next(iterator)["segment_ids"].sum(axis=1) - 2).max()) for _ in range(60)]
+    assert max(longest[:10]) <= 4  # batches 0-9: the first range only
+    assert max(longest[10:20]) <= 8 and max(longest[20:30]) <= 12
+    assert max(longest[30:]) > 12  # from batch 30 on, all four ranges
+
+
 def test_training_stream_is_deterministic_shards_by_process_and_resumes_exactly():
     data = cfl_data(languages="[dyck2, bfvp]")
     first = iter(make_train_dataset(data, batch_size=4))
