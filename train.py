@@ -38,9 +38,13 @@ def main(argv=None) -> int:
     except TrainingDiverged as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    if summary["first_loss"] is not None:
+    losses = [summary["losses"][step] for step in sorted(summary["losses"])]
+    if losses:
+        window = max(1, min(10, len(losses) // 4))
         print(f"done: steps {summary['start_step'] + 1}..{summary['end_step']}, loss "
-              f"{summary['first_loss']:.4f} -> {summary['last_loss']:.4f}; run directory {config.train.run_dir}")
+              f"{summary['first_loss']:.4f} -> {summary['last_loss']:.4f} (mean of the first {window} steps "
+              f"{sum(losses[:window]) / window:.4f}, of the last {window} {sum(losses[-window:]) / window:.4f}); "
+              f"run directory {config.train.run_dir}")
     return 0
 
 

@@ -15,18 +15,28 @@ from jax.sharding import PartitionSpec
 IMPLS = ("auto", "reference", "xla", "pallas")
 
 
+def _target_is_cpu() -> bool:
+    """Whether code is being built for a CPU: the abstract device of the current abstract mesh when
+    one is set (ahead-of-time lowering for a GPU from a CPU machine, ``jax.sharding.use_abstract_mesh``),
+    else the default backend."""
+    device = jax.sharding.get_abstract_mesh().abstract_device
+    if device is not None:
+        return device.platform == "cpu"
+    return jax.default_backend() == "cpu"
+
+
 def resolve_impl(impl: str) -> str:
     """Map ``impl`` to a concrete implementation: ``auto`` is ``pallas`` on GPU/TPU, ``xla`` on CPU."""
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     if impl == "auto":
-        return "xla" if jax.default_backend() == "cpu" else "pallas"
+        return "xla" if _target_is_cpu() else "pallas"
     return impl
 
 
 def interpret_mode() -> bool:
     """Pallas kernels run in interpret mode where there is no GPU/TPU to compile them for."""
-    return jax.default_backend() == "cpu"
+    return _target_is_cpu()
 
 
 def check_float(name: str, x) -> None:
@@ -72,3 +82,28 @@ def shard_local(
         return fn
     in_specs = tuple(PartitionSpec() if s is None else s for s in in_specs)
     return jax.shard_map(fn, in_specs=in_specs, out_specs=out_specs, check_vma=False)
+
+
+def check_partition_spec(partition_spec, num_dims: int) -> None:
+    """Raise unless ``partition_spec`` is None or a PartitionSpec over at most ``num_dims`` leading
+    axes of a ``[B, T, ...]`` input whose time entry (axis 1) is None (ops scan along time)."""
+    if partition_spec is None:
+        return
+    if not isinstance(partition_spec, PartitionSpec):
+        raise ValueError(f"partition_spec must be a jax.sharding.PartitionSpec, got {partition_spec!r}")
+    if len(partition_spec) > num_dims:
+        raise ValueError(
+            f"partition_spec {partition_spec} has {len(partition_spec)} entries; the inputs have "
+            f"{num_dims} axes"
+        )
+    if len(partition_spec) > 1 and partition_spec[1] is not None:
+        raise ValueError(
+            f"partition_spec must not shard the time axis (entry 1), got {partition_spec[1]!r} "
+            f"in {partition_spec}"
+        )
+
+
+def drop_time_axis(partition_spec: PartitionSpec) -> PartitionSpec:
+    """The spec of a per-sequence state ``[B, ...]`` from the spec of a ``[B, T, ...]`` input."""
+    entries = tuple(partition_spec)
+    return PartitionSpec(*(entries[:1] + entries[2:]))

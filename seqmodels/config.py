@@ -109,6 +109,8 @@ class ModelConfig:
     max_seq_len: int = describe("longest sequence the model accepts (training rows and decoding)", 4096)
     compute_dtype: str = describe("activation / matmul dtype: float32 | bfloat16 (params stay float32)",
                                   "float32")
+    kernel_impl: str = describe(
+        "pallas_kernels implementation for recurrent mixers: auto | xla | pallas | reference", "auto")
     remat: str = describe("rematerialisation per layer: none | full | dots | names", "none")
     init_std: float = describe("standard deviation of the normal initialiser of weights", 0.02)
     attention: AttentionConfig = describe("attention settings", factory=AttentionConfig)
@@ -130,6 +132,8 @@ class ModelConfig:
         _require(len(self.mixers) >= 1, "model.mixers", "needs at least one layer")
         _require(self.compute_dtype in ("float32", "bfloat16"), "model.compute_dtype",
                  f"must be float32 or bfloat16, got {self.compute_dtype!r}")
+        _require(self.kernel_impl in ("auto", "xla", "pallas", "reference"), "model.kernel_impl",
+                 f"must be auto, xla, pallas or reference, got {self.kernel_impl!r}")
         _require(self.remat in ("none", "full", "dots", "names"), "model.remat",
                  f"must be none, full, dots or names, got {self.remat!r}")
         _require(self.init_std > 0, "model.init_std", "must be > 0")
@@ -221,6 +225,11 @@ class OptimConfig:
     b2: float = describe("Adam beta2", 0.95)
     eps: float = describe("Adam epsilon", 1e-8)
     grad_clip: float = describe("clip the global gradient norm to this; 0 = no clipping", 1.0)
+    muon_momentum: float = describe("muon: momentum of the gradient EMA", 0.95)
+    muon_ns_steps: int = describe("muon: Newton-Schulz steps", 5)
+    muon_per_head: bool = describe("muon: orthogonalise each attention head's block on its own", False)
+    muon_adam_learning_rate: float = describe(
+        "muon: peak learning rate of the AdamW group (embeddings, head, norms, biases); 0 = learning_rate", 0.0)
 
     def __post_init__(self):
         _require(self.name in ("adamw", "muon"), "optim.name", f"must be adamw or muon, got {self.name!r}")
@@ -232,6 +241,9 @@ class OptimConfig:
         _require(self.weight_decay >= 0, "optim.weight_decay", "must be >= 0")
         _require(0.0 <= self.b1 < 1.0 and 0.0 <= self.b2 < 1.0, "optim.b1/b2", "must be in [0, 1)")
         _require(self.grad_clip >= 0, "optim.grad_clip", "must be >= 0")
+        _require(0.0 <= self.muon_momentum < 1.0, "optim.muon_momentum", "must be in [0, 1)")
+        _require(self.muon_ns_steps >= 0, "optim.muon_ns_steps", "must be >= 0")
+        _require(self.muon_adam_learning_rate >= 0, "optim.muon_adam_learning_rate", "must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -239,7 +251,7 @@ class TrainConfig:
     """The training loop."""
 
     steps: int = describe("optimizer steps", 300)
-    batch_size: int = describe("sequences per optimizer step, over all devices and micro-batches", 16)
+    batch_size: int = describe("sequences per optimizer step, over all devices and micro-batches", 8)
     grad_accum: int = describe("micro-batches per step (batch_size must be divisible by it)", 1)
     exit_at_step: int = describe(
         "checkpoint and stop after this step though train.steps is larger (time-limited jobs); 0 = off", 0)

@@ -97,6 +97,12 @@ def _logical_axes(variable: nnx.Variable, path) -> tuple:
     return tuple(axes)
 
 
+def param_logical_axes(state: nnx.State) -> dict:
+    """Every parameter's logical axes, as a pure nested dict of tuples."""
+    return traversals.unflatten_mapping(
+        {path: _logical_axes(variable, path) for path, variable in nnx.to_flat_state(state)})
+
+
 def param_shardings(state: nnx.State, mesh: Mesh) -> dict:
     """NamedShardings for every parameter of ``state`` (an ``nnx.State``), as a pure nested dict."""
     shardings = {}

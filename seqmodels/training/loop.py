@@ -16,6 +16,7 @@ from pathlib import Path
 
 import jax
 import numpy as np
+from flax import nnx
 from jax.sharding import NamedSharding
 
 from seqmodels.config import Config, ConfigError
@@ -24,11 +25,11 @@ from seqmodels.data.pipeline import describe_source, make_train_dataset, require
 from seqmodels.mixers import check_mixer_names
 from seqmodels.models import flops_per_token
 from seqmodels.optim.build import build_optimizer
-from seqmodels.sharding import logical_spec, make_mesh
+from seqmodels.sharding import logical_spec, make_mesh, param_logical_axes
 from seqmodels.training.checkpoint import Checkpointer, CheckpointError
 from seqmodels.training.flops import mfu, peak_flops_per_device
 from seqmodels.training.metrics import MetricsLogger
-from seqmodels.training.state import count_params, init_train_state
+from seqmodels.training.state import abstract_model, count_params, init_train_state
 from seqmodels.training.step import make_train_step
 
 
@@ -136,7 +137,10 @@ class _StepRecorder:
 
 
 def _run(config: Config, mesh, iterator, checkpointer: Checkpointer, latest: int | None) -> dict:
-    optimizer, schedule = build_optimizer(config.optim, config.train.steps)
+    _, abstract_state = abstract_model(config.model, config.train.seed)
+    optimizer, schedule = build_optimizer(
+        config.optim, config.train.steps, param_axes=param_logical_axes(abstract_state),
+        param_shapes=jax.tree.map(lambda x: tuple(x.shape), nnx.to_pure_dict(abstract_state)))
     graphdef, state, shardings = init_train_state(config.model, config.train.seed, mesh, optimizer)
     if latest is not None:
         state = checkpointer.restore(latest, state, iterator)

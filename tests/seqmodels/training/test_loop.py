@@ -40,10 +40,12 @@ def final_params(run_dir):
 @pytest.mark.slow
 def test_resume_after_process_exit_reproduces_the_uninterrupted_run_bitwise(tmp_path, tiny_corpus):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    run_train_process(tiny_overrides(straight, tiny_corpus))
-    first = run_train_process(tiny_overrides(resumed, tiny_corpus, train__exit_at_step=10))
+    run_train_process(tiny_overrides(straight, tiny_corpus, checkpoint__async_save=True))
+    # keep=3 of the checkpoints at steps 5, 10, 15, 20
+    assert sorted(int(p.name) for p in (straight / "checkpoints").iterdir() if p.name.isdigit()) == [10, 15, 20]
+    first = run_train_process(tiny_overrides(resumed, tiny_corpus, train__exit_at_step=10, checkpoint__async_save=True))
     assert "done: steps 1..10" in first.stdout
-    second = run_train_process(tiny_overrides(resumed, tiny_corpus))
+    second = run_train_process(tiny_overrides(resumed, tiny_corpus, checkpoint__async_save=True))
     assert "done: steps 11..20" in second.stdout
     straight_losses, resumed_losses = logged_losses(straight), logged_losses(resumed)
     assert sorted(straight_losses) == sorted(resumed_losses) == list(range(1, 21))
@@ -93,3 +95,65 @@ def test_nonfinite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_pat
     _, model, _ = load_run(run_dir)
     from flax import nnx
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+
+
+def test_a_tiny_lm_trains_with_muon_and_muon_moves_only_projections(tmp_path, tiny_corpus):
+    from flax import nnx
+
+    from seqmodels.optim.build import build_optimizer
+    from seqmodels.sharding import param_logical_axes
+    from seqmodels.training.state import abstract_model
+
+    config = load_config(None, tiny_overrides(tmp_path / "muon", tiny_corpus, optim__name="muon",
+                                              train__steps=15, optim__learning_rate=0.02, optim__muon_per_head=True))
+    summary = train(config)
+    assert summary["last_loss"] < summary["first_loss"] - 0.5
+    # The Muon group's updates are orthogonalised: equal singular values on a projection matrix.
+    _, state = abstract_model(config.model)
+    axes = param_logical_axes(state)
+    params = jax.tree.map(lambda s: jax.numpy.asarray(np.random.default_rng(0).normal(size=s.shape), np.float32),
+                          nnx.to_pure_dict(state))
+    from dataclasses import replace
+    no_decay = replace(config.optim, weight_decay=0.0, warmup_steps=0)  # the update is then -lr * 0.2 sqrt(n) O
+    optimizer, _ = build_optimizer(no_decay, 10, param_axes=axes,
+                                   param_shapes=jax.tree.map(lambda x: x.shape, params))
+    grads = jax.tree.map(lambda p: p[::-1] * 0.5, params)
+    updates, _ = optimizer.update(grads, optimizer.init(params), params)
+    lr = config.optim.learning_rate
+
+    def assert_in_band(matrix):
+        # 5 NS steps with the muon coefficients map singular values into [0.68, 1.14]; NS runs on
+        # bf16 operands here, whose rounding moves them by up to ~1.5%: [0.67, 1.15].
+        scale = lr * 0.2 * np.sqrt(max(matrix.shape))
+        singular = np.linalg.svd(matrix, compute_uv=False) / scale
+        assert 0.67 <= singular.min() and singular.max() <= 1.15, singular
+
+    assert_in_band(np.asarray(updates["blocks"][0]["mlp"]["down"]["kernel"]))  # [mlp, embed]
+    query = np.asarray(updates["blocks"][0]["mixer"]["query"]["kernel"])  # [embed, heads, head_dim]
+    for head in range(query.shape[1]):  # per head: each head's [embed, head_dim] block
+        assert_in_band(query[:, head])
+    # AdamW group: the first update is -lr * g / (|g| + eps) elementwise: lr in size, except where the
+    # clipped gradient is within a few orders of eps=1e-8 (a few elements, up to 2% smaller).
+    np.testing.assert_allclose(np.abs(np.asarray(updates["embed"])), lr, rtol=2e-2)
+
+
+def test_sigterm_checkpoints_the_current_step_and_exits_cleanly(tmp_path, tiny_corpus):
+    import signal
+    import time
+    run_dir = tmp_path / "sigterm"
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu")
+    overrides = tiny_overrides(run_dir, tiny_corpus, train__steps=100000, checkpoint__every_steps=100000)
+    process = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *overrides], cwd=ROOT, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.time() + 240
+    while time.time() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
+        time.sleep(0.2)
+    process.send_signal(signal.SIGTERM)
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 0, stderr[-2000:]
+    assert "SIGTERM received: checkpoint saved at step" in stdout
+    saved = int(stdout.split("checkpoint saved at step ")[1].split(";")[0])
+    assert saved >= 3
+    step, _ = final_params(run_dir)
+    assert step == saved
