@@ -21,7 +21,7 @@ def single_device_env():
 
 def test_train_py_trains_the_looped_model_on_the_cfl_config_and_eval_py_scores_it(tmp_path):
     run_dir = tmp_path / "run"
-    overrides = [*TINY, "train.steps=30", "log.every_steps=1", f"train.run_dir={run_dir}"]
+    overrides = [*TINY, "train.steps=30", "optim.learning_rate=1e-2", "log.every_steps=1", f"train.run_dir={run_dir}"]
     train = subprocess.run([sys.executable, "train.py", "--config", CONFIG, *overrides], cwd=ROOT,
                            env=single_device_env(), capture_output=True, text=True, timeout=600)
     assert train.returncode == 0, train.stderr[-3000:]
