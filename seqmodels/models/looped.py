@@ -45,6 +45,7 @@ import optax
 from flax import nnx
 
 from seqmodels.config import LoopedConfig, ModelConfig
+from seqmodels.data.cfl_pipeline import ACCEPT_ID, REJECT_ID
 from seqmodels.layers.common import param
 from seqmodels.layers.norms import RMSNorm
 from seqmodels.models.lm import REMAT_POLICIES
@@ -168,12 +169,20 @@ class LoopedModel(nnx.Module):
         return jnp.dot(readout, head.astype(readout.dtype), preferred_element_type=jnp.float32)
 
     def loss(self, batch: dict):
-        """Summed cross-entropy of the target at [CLS] (the label), weighted by ``loss_mask`` there, and the weight."""
+        """Summed binary cross-entropy of the label at [CLS], weighted by ``loss_mask`` there, and the weight.
+
+        The softmax runs over the two label logits ``(<reject>, <accept>)`` only, the decision the
+        evaluation reads. A softmax over the whole vocabulary first has to push the other tokens down,
+        which the tied read-out does with one input-independent direction of the [CLS] state; after
+        the final RMSNorm that direction swamps the string's signal and training sits at ln 2.
+        """
         logits = self(batch["inputs"], segment_ids=batch.get("segment_ids"))
         cls_index = self.layout(batch["inputs"], batch.get("segment_ids"))["length"][:, None] + 1
         labels = jnp.take_along_axis(batch["targets"], cls_index, axis=1)[:, 0]
         weights = jnp.take_along_axis(batch["loss_mask"], cls_index, axis=1)[:, 0].astype(jnp.float32)
-        losses = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+        weights = weights * ((labels == ACCEPT_ID) | (labels == REJECT_ID))  # any other target is no label
+        label_logits = logits[:, jnp.asarray([REJECT_ID, ACCEPT_ID])]
+        losses = optax.softmax_cross_entropy_with_integer_labels(label_logits, (labels == ACCEPT_ID).astype(jnp.int32))
         return jnp.sum(losses * weights), jnp.sum(weights)
 
     def flops_per_token(self, seq_len: int) -> float:

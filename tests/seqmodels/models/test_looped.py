@@ -10,7 +10,7 @@ from flax import nnx
 
 from seqmodels.config import ConfigError, LoopedConfig, ModelConfig
 from seqmodels.data.cfl import sample
-from seqmodels.data.cfl_pipeline import VOCAB_SIZE, labelled_batch
+from seqmodels.data.cfl_pipeline import ACCEPT_ID, REJECT_ID, VOCAB_SIZE, labelled_batch
 from seqmodels.models import build_model, flops_per_token
 from seqmodels.models.looped import LoopedModel, num_loops, num_padding, parameter_count
 
@@ -138,6 +138,22 @@ def test_read_out_of_a_mixed_length_batch_equals_each_example_alone(attention, p
     for row, n in enumerate(lengths):
         alone = forward(model, batch["inputs"][row:row + 1, :n + 2])  # exactly [BOS] w [CLS]: nothing empty
         np.testing.assert_allclose(batched[row], alone[0], atol=FP32_TOL, rtol=FP32_TOL)
+
+
+def test_loss_is_the_cross_entropy_of_the_label_between_reject_and_accept_only():
+    model = build_model(looped_config(), seed=3)
+    batch = mixed_length_batch((4, 10, 6))
+    logits = np.asarray(forward(model, batch["inputs"], batch["segment_ids"]))
+    rows = np.arange(3)
+    labels = np.asarray(batch["targets"])[rows, [5, 11, 7]]  # the target at [CLS], position N + 1
+    assert set(labels) <= {ACCEPT_ID, REJECT_ID}
+    pair = logits[:, [REJECT_ID, ACCEPT_ID]]
+    log_probs = pair - np.log(np.exp(pair).sum(axis=1, keepdims=True))
+    expected = -log_probs[rows, (labels == ACCEPT_ID).astype(int)].sum()
+    loss_sum, weight = model.loss(batch)
+    assert float(weight) == 3.0
+    # The other 24 logits play no part: a full-vocabulary softmax would add log-sum-exp mass over them.
+    np.testing.assert_allclose(float(loss_sum), expected, rtol=FP32_TOL)
 
 
 def test_causal_attention_hides_later_symbols_and_bidirectional_does_not():
