@@ -150,7 +150,7 @@ def test_loss_is_the_cross_entropy_of_the_label_between_reject_and_accept_only()
     pair = logits[:, [REJECT_ID, ACCEPT_ID]]
     log_probs = pair - np.log(np.exp(pair).sum(axis=1, keepdims=True))
     expected = -log_probs[rows, (labels == ACCEPT_ID).astype(int)].sum()
-    loss_sum, weight = model.loss(batch)
+    loss_sum, weight = nnx.jit(lambda model, batch: model.loss(batch))(model, batch)
     assert float(weight) == 3.0
     # The other 24 logits play no part: a full-vocabulary softmax would add log-sum-exp mass over them.
     np.testing.assert_allclose(float(loss_sum), expected, rtol=FP32_TOL)
