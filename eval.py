@@ -1,9 +1,10 @@
 """Evaluate a trained run: ``python eval.py --run runs/x [--step N] [--out results.json]``.
 
 Loads the run's resolved config and its latest (or ``--step``) checkpoint, then runs the suites:
-``perplexity`` (held-out loss, perplexity and loss per position bucket, plus a PNG plot) and
+``perplexity`` (held-out loss, perplexity and loss per position bucket, plus a PNG plot),
 ``recall`` (answer accuracy on held-out MQAR / selective-copying examples built from the run's
-``data.seq_len`` and ``data.synthetic``: the run's own task, or both when it trained on text).
+``data.seq_len`` and ``data.synthetic``: the run's own task, or both when it trained on text) and
+``cfl`` (accept/reject accuracy per language of ``data.cfl.languages`` and string length ``--lengths``).
 Writes JSON to ``--out`` (default ``<run>/eval.json``) and prints it.
 """
 
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from seqmodels.config import ConfigError
 
-SUITES = ("perplexity", "recall")
+SUITES = ("perplexity", "recall", "cfl")
 
 
 def parse_args(argv):
@@ -26,6 +27,8 @@ def parse_args(argv):
     parser.add_argument("--suites", default="perplexity", help=f"comma-separated, from {SUITES}")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--max-batches", type=int, default=16)
+    parser.add_argument("--lengths", default="16,32,48,64,96,128", help="cfl: string lengths to evaluate")
+    parser.add_argument("--examples", type=int, default=256, help="cfl: strings per language and length")
     parser.add_argument("--out", help="JSON path (default: <run>/eval.json)")
     return parser.parse_args(argv)
 
@@ -53,6 +56,11 @@ def main(argv=None) -> int:
             from seqmodels.evaluation.recall import evaluate_recall
             results["recall"] = evaluate_recall(model, config, batch_size=args.batch_size,
                                                 max_batches=args.max_batches)
+        if "cfl" in suites:
+            from seqmodels.evaluation.cfl import evaluate_cfl
+            lengths = [int(n) for n in args.lengths.split(",")]
+            results["cfl"] = evaluate_cfl(model, config.data.cfl.languages, lengths, num_examples=args.examples,
+                                          batch_size=args.batch_size)
     except (ConfigError, DataError, CheckpointError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -170,6 +170,42 @@ class AtlasConfig:
 
 
 @dataclass(frozen=True)
+class LoopedConfig:
+    """``model.kind: looped``: a prelude, ONE shared block applied ``loops(N)`` times, a coda, a read-out at [CLS]."""
+
+    prelude_layers: int = describe("distinct blocks before the loop (0-2)", 1)
+    coda_layers: int = describe("distinct blocks after the loop (0-2)", 1)
+    loop_schedule: str = describe("log: loops(N) = ceil(loops_scale * log2 N) + loops_offset | fixed: fixed_loops",
+                                  "log")
+    loops_scale: float = describe("c in loops(N) = ceil(c log2 N) + d", 1.0)
+    loops_offset: int = describe("d in loops(N) = ceil(c log2 N) + d", 1)
+    fixed_loops: int = describe("loop count when loop_schedule = fixed", 4)
+    share_weights: bool = describe(
+        "one block looped (true), or fixed_loops distinct blocks: a fixed-depth baseline (false; loop_schedule fixed)",
+        True)
+    reinject: bool = describe("add the prelude output to the block input at every loop", True)
+    padding_scale: float = describe("a in P(N) = ceil(a N^e) padding tokens before [CLS]; 0 = no padding", 0.0)
+    padding_exponent: float = describe("e in P(N) = ceil(a N^e)", 1.0)
+    attention: str = describe("causal | bidirectional", "bidirectional")
+
+    def __post_init__(self):
+        for key in ("prelude_layers", "coda_layers"):
+            value = getattr(self, key)
+            _require(0 <= value <= 2, f"model.looped.{key}", f"must be 0, 1 or 2, got {value}")
+        _require(self.loop_schedule in ("log", "fixed"), "model.looped.loop_schedule",
+                 f"must be log or fixed, got {self.loop_schedule!r}")
+        _require(self.loops_scale >= 0, "model.looped.loops_scale", f"must be >= 0, got {self.loops_scale}")
+        _require(self.fixed_loops >= 1, "model.looped.fixed_loops", f"must be >= 1, got {self.fixed_loops}")
+        _require(self.share_weights or self.loop_schedule == "fixed", "model.looped.share_weights",
+                 "false (distinct blocks) needs model.looped.loop_schedule=fixed")
+        _require(self.padding_scale >= 0, "model.looped.padding_scale", f"must be >= 0, got {self.padding_scale}")
+        _require(self.padding_exponent >= 0, "model.looped.padding_exponent",
+                 f"must be >= 0, got {self.padding_exponent}")
+        _require(self.attention in ("causal", "bidirectional"), "model.looped.attention",
+                 f"must be causal or bidirectional, got {self.attention!r}")
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """A decoder language model assembled from a list of mixers, each followed by a SwiGLU MLP."""
 
@@ -196,8 +232,12 @@ class ModelConfig:
     mamba2: Mamba2Config = describe("Mamba2 (SSD) settings", factory=Mamba2Config)
     deltanet: DeltaNetConfig = describe("DeltaNet / Gated DeltaNet settings", factory=DeltaNetConfig)
     muonssm: MuonSSMConfig = describe("MuonSSM settings (muonssm_* mixers)", factory=MuonSSMConfig)
+    kind: str = describe("lm (decoder LM over model.mixers) | looped (looped padded transformer, model.looped)",
+                         "lm")
+    looped: LoopedConfig = describe("looped padded transformer settings", factory=LoopedConfig)
 
     def __post_init__(self):
+        _require(self.kind in ("lm", "looped"), "model.kind", f"must be lm or looped, got {self.kind!r}")
         for key in ("vocab_size", "d_model", "num_heads", "max_seq_len"):
             _require(getattr(self, key) >= 1, f"model.{key}", f"must be >= 1, got {getattr(self, key)}")
         _require(self.d_ff >= 0, "model.d_ff", f"must be >= 0, got {self.d_ff}")
@@ -279,30 +319,68 @@ class SyntheticConfig:
                      f"a separator and their copy; set data.seq_len >= {need}")
 
 
+CFL_LANGUAGES = ("dyck1", "dyck2", "marked_palindrome", "palindrome", "anbn_cmdm", "ambiguous", "bfvp")
+
+
+@dataclass(frozen=True)
+class CflDataConfig:
+    """``data.source: cfl``: labelled strings of context-free languages (``seqmodels.data.cfl``), one per row."""
+
+    languages: tuple[str, ...] = describe("languages to train on; each example's [BOS] token names its language",
+                                          factory=lambda: CFL_LANGUAGES)
+    min_length: int = describe("shortest training string", 1)
+    max_length: int = describe("longest training string; a language uses its lengths in [min, max] with positives",
+                               32)
+    length_buckets: int = describe(
+        "each training batch holds lengths from one of this many equal ranges of [min, max], in rows as long as "
+        "that range needs (1: every row data.seq_len; cheaper with more, but on dyck2 it learned slower)", 1)
+    curriculum_steps: int = describe(
+        "length curriculum: the k-th of the length_buckets ranges enters training at batch k/length_buckets of "
+        "this many (0 = all ranges from the start)", 0)
+
+    def __post_init__(self):
+        _require(len(self.languages) >= 1, "data.cfl.languages", "needs at least one language")
+        unknown = [name for name in self.languages if name not in CFL_LANGUAGES]
+        _require(not unknown, "data.cfl.languages", f"unknown {unknown}; known: {', '.join(CFL_LANGUAGES)}")
+        _require(len(set(self.languages)) == len(self.languages), "data.cfl.languages",
+                 f"lists a language twice: {list(self.languages)}")
+        _require(self.min_length >= 1, "data.cfl.min_length", f"must be >= 1, got {self.min_length}")
+        _require(self.max_length >= self.min_length, "data.cfl.max_length",
+                 f"{self.max_length} is below data.cfl.min_length={self.min_length}")
+        _require(self.length_buckets >= 1, "data.cfl.length_buckets", f"must be >= 1, got {self.length_buckets}")
+        _require(self.curriculum_steps >= 0, "data.cfl.curriculum_steps", f"must be >= 0, got {self.curriculum_steps}")
+
+
 @dataclass(frozen=True)
 class DataConfig:
     """Where tokens come from and how they are packed into rows."""
 
     source: str = describe("stdlib (Python's own source files, on every machine) | text_files | arrayrecord"
                            " | mqar | selective_copy (generated, data.synthetic) | needle (generated"
-                           " needle-in-a-haystack rows, data.needle_*)", "stdlib")
+                           " needle-in-a-haystack rows, data.needle_*) | cfl (context-free languages, data.cfl)",
+                           "stdlib")
     path: str = describe("glob of text files (text_files) or ArrayRecord shards (arrayrecord)", "")
     tokenizer: str = describe("byte (UTF-8 bytes + begin- and end-of-document tokens)", "byte")
     seq_len: int = describe("tokens per training row", 256)
     heldout_fraction: float = describe("share of documents held out for evaluation (chosen by hash)", 0.02)
     max_documents: int = describe("use at most this many documents; 0 = all", 0)
-    seed: int = describe("seed of the document shuffle (synthetic tasks: of the generated examples)", 0)
+    seed: int = describe("seed of the document shuffle (generated tasks: of the generated examples)", 0)
     synthetic: SyntheticConfig = describe("generated recall tasks (data.source = mqar | selective_copy)",
                                           factory=SyntheticConfig)
     needle_key_length: int = describe("needle: digits of the key of the needle (and of the query)", 2)
     needle_value_length: int = describe("needle: digits of the value to retrieve (the scored answer)", 2)
     needle_distractors: int = describe("needle: other key-value pairs hidden in the haystack", 0)
+    cfl: CflDataConfig = describe("context-free-language recognition data (data.source = cfl)",
+                                  factory=CflDataConfig)
 
     def __post_init__(self):
-        sources = ("stdlib", "text_files", "arrayrecord", "needle") + SYNTHETIC_TASKS
+        sources = ("stdlib", "text_files", "arrayrecord", "needle", "cfl") + SYNTHETIC_TASKS
         _require(self.source in sources, "data.source", f"must be one of {', '.join(sources)}, got {self.source!r}")
         self.synthetic.check_fits(self.source, self.seq_len)
-        _require(self.source in ("stdlib", "needle") + SYNTHETIC_TASKS or bool(self.path), "data.path",
+        _require(self.source != "cfl" or self.seq_len >= self.cfl.max_length + 2, "data.seq_len",
+                 f"{self.seq_len} cannot hold [BOS] + data.cfl.max_length={self.cfl.max_length} symbols + [CLS]; "
+                 f"set data.seq_len >= {self.cfl.max_length + 2}")
+        _require(self.source in ("stdlib", "needle", "cfl") + SYNTHETIC_TASKS or bool(self.path), "data.path",
                  f"data.source={self.source} needs data.path (a glob of files)")
         _require(self.tokenizer == "byte", "data.tokenizer", f"must be byte, got {self.tokenizer!r}")
         _require(self.seq_len >= 1, "data.seq_len", f"must be >= 1, got {self.seq_len}")

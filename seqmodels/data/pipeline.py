@@ -46,6 +46,9 @@ import numpy as np
 
 from seqmodels.config import DataConfig
 from seqmodels.data import synthetic
+from seqmodels.data.cfl_pipeline import VOCAB_SIZE as CFL_VOCAB_SIZE
+from seqmodels.data.cfl_pipeline import (check_cfl_config, describe_cfl, make_cfl_eval_batches,
+                                         make_cfl_train_dataset)
 from seqmodels.data.corpus import DataError, Documents, load_documents
 from seqmodels.data.packing import pack_and_batch, pad_batch
 from seqmodels.data.synthetic import (GENERATORS, describe_synthetic, make_synthetic_eval_batches,
@@ -119,6 +122,10 @@ def make_train_dataset(cfg: DataConfig, *, batch_size: int, process_index: int =
         batches = make_synthetic_train_dataset(cfg, batch_size=batch_size, process_index=process_index,
                                                process_count=process_count)
         return _prefetched(batches, prefetch_batches)
+    if cfg.source == "cfl":
+        batches = make_cfl_train_dataset(cfg, batch_size=batch_size, process_index=process_index,
+                                         process_count=process_count)
+        return _prefetched(batches, prefetch_batches)
     split = load_documents(cfg)  # never leaves train empty: a lone document goes to train
     stream = train_document_stream(split.train, seed=cfg.seed, process_index=process_index,
                                    process_count=process_count)
@@ -149,6 +156,8 @@ def make_eval_batches(cfg: DataConfig, *, batch_size: int, max_batches: int) -> 
         return synthetic.needle_eval_batches(cfg, batch_size=batch_size, max_batches=max_batches)
     if cfg.source in GENERATORS:
         return make_synthetic_eval_batches(cfg, batch_size=batch_size, max_batches=max_batches)
+    if cfg.source == "cfl":
+        return make_cfl_eval_batches(cfg, batch_size=batch_size, max_batches=max_batches)
     split = load_documents(cfg)
     if not len(split.heldout):
         raise DataError(f"data.heldout_fraction={cfg.heldout_fraction}: no held-out documents "
@@ -169,6 +178,10 @@ def required_vocab_size(cfg: DataConfig) -> int:
     """The embedding rows a model needs for this data: the tokenizer's vocabulary (synthetic tasks: their own)."""
     if cfg.source in GENERATORS:
         return cfg.synthetic.vocab_size
+    """The embedding rows a model needs for this data: the tokenizer's vocabulary (cfl: its own)."""
+    if cfg.source == "cfl":
+        check_cfl_config(cfg)
+        return CFL_VOCAB_SIZE
     return get_tokenizer(cfg.tokenizer).vocab_size
 
 
@@ -178,4 +191,6 @@ def describe_source(cfg: DataConfig) -> str:
         return synthetic.describe_needle(cfg)
     if cfg.source in GENERATORS:
         return describe_synthetic(cfg)
+    if cfg.source == "cfl":
+        return describe_cfl(cfg)
     return load_documents(cfg).describe()

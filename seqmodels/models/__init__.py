@@ -6,9 +6,20 @@
 - ``init_cache(batch_size, max_len)`` for decoding.
 """
 
-from seqmodels.models.lm import LM, build_model, generate, lm_flops_per_token  # noqa: F401
+from flax import nnx
+
+from seqmodels.models.lm import LM, generate, lm_flops_per_token  # noqa: F401
+from seqmodels.models.looped import LoopedModel, looped_flops_per_token
+
+
+def build_model(config, *, seed: int = 0):
+    """The model ``config.kind`` names (``lm``: ``LM``; ``looped``: ``LoopedModel``), initialised from ``seed``."""
+    model_class = LoopedModel if config.kind == "looped" else LM
+    return model_class(config, rngs=nnx.Rngs(params=seed))
 
 
 def flops_per_token(model_config, seq_len: int) -> float:
     """Forward FLOPs per token of the model ``model_config`` describes, at rows of ``seq_len`` tokens."""
+    if model_config.kind == "looped":
+        return looped_flops_per_token(model_config, seq_len)
     return lm_flops_per_token(model_config, seq_len)
