@@ -8,24 +8,11 @@ Every section validates its values in ``__post_init__`` and raises ``ConfigError
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-
-class ConfigError(ValueError):
-    """A configuration value or key is wrong; the message names the key and what was expected."""
-
-
-def describe(text: str, default=dataclasses.MISSING, factory=dataclasses.MISSING):
-    """A dataclass field with a one-line description, shown by ``python train.py --help-config``."""
-    if factory is not dataclasses.MISSING:
-        return field(default_factory=factory, metadata={"help": text})
-    return field(default=default, metadata={"help": text})
-
-
-def _require(ok: bool, key: str, message: str) -> None:
-    if not ok:
-        raise ConfigError(f"{key}: {message}")
+from seqmodels.config_base import ConfigError, _require, describe
+from seqmodels.config_mixers import (  # noqa: F401  (sections of ModelConfig, re-exported here)
+    AtlasConfig, DeltaNetConfig, LoopedConfig, Mamba2Config, MuonSSMConfig)
 
 
 @dataclass(frozen=True)
@@ -56,153 +43,6 @@ class SlidingWindowConfig:
     def __post_init__(self):
         _require(self.window >= 1, "model.swa.window", f"must be >= 1, got {self.window}")
         _require(self.num_sinks >= 0, "model.swa.num_sinks", f"must be >= 0, got {self.num_sinks}")
-
-
-def _is_chunk_size(value: int) -> bool:
-    return value >= 16 and value & (value - 1) == 0
-
-
-@dataclass(frozen=True)
-class Mamba2Config:
-    """The ``mamba2`` mixer (and the backbone of ``muonssm_mamba2``): SSD with a scalar decay per head."""
-
-    state_dim: int = describe("N: state width per channel (the width of B_t and C_t)", 64)
-    expand: int = describe("inner width = expand * d_model, split into heads of head_dim channels", 2)
-    head_dim: int = describe("P: channels per head; 0 = expand * d_model / model.num_heads", 0)
-    conv_kernel: int = describe("width of the short causal depthwise convolution over x, B, C", 4)
-    chunk_size: int = describe("tokens per chunk of the chunked training form (power of two >= 16)", 64)
-    dt_min: float = describe("smallest initial step size Delta (log-uniform initialisation)", 1e-3)
-    dt_max: float = describe("largest initial step size Delta", 1e-1)
-
-    def __post_init__(self):
-        for key in ("state_dim", "expand", "conv_kernel"):
-            _require(getattr(self, key) >= 1, f"model.mamba2.{key}", f"must be >= 1, got {getattr(self, key)}")
-        _require(self.head_dim >= 0, "model.mamba2.head_dim", f"must be >= 0, got {self.head_dim}")
-        _require(_is_chunk_size(self.chunk_size), "model.mamba2.chunk_size",
-                 f"must be a power of two >= 16, got {self.chunk_size}")
-        _require(0 < self.dt_min <= self.dt_max, "model.mamba2.dt_min",
-                 f"need 0 < dt_min <= dt_max, got dt_min={self.dt_min}, dt_max={self.dt_max}")
-
-
-@dataclass(frozen=True)
-class DeltaNetConfig:
-    """The ``deltanet`` and ``gated_deltanet`` mixers (and the backbone of ``muonssm_gated_deltanet``)."""
-
-    head_dim: int = describe("K: query/key width per head; 0 = d_model / model.num_heads", 0)
-    value_head_dim: int = describe("V: value width per head; 0 = the key width K", 0)
-    conv_kernel: int = describe("width of the short causal depthwise convolution over q, k, v", 4)
-    chunk_size: int = describe("tokens per chunk of the chunked training form (power of two >= 16)", 64)
-
-    def __post_init__(self):
-        _require(self.head_dim >= 0, "model.deltanet.head_dim", f"must be >= 0, got {self.head_dim}")
-        _require(self.value_head_dim >= 0, "model.deltanet.value_head_dim",
-                 f"must be >= 0, got {self.value_head_dim}")
-        _require(self.conv_kernel >= 1, "model.deltanet.conv_kernel", f"must be >= 1, got {self.conv_kernel}")
-        _require(_is_chunk_size(self.chunk_size), "model.deltanet.chunk_size",
-                 f"must be a power of two >= 16, got {self.chunk_size}")
-
-
-@dataclass(frozen=True)
-class MuonSSMConfig:
-    """MuonSSM: momentum over Newton-Schulz-conditioned injections, ``M_t = gamma M_{t-1} + tau NS_k(U_t)``."""
-
-    gamma: float = describe("momentum decay gamma in [0, 1); 0 = no momentum", 0.9)
-    tau: float = describe("scale tau > 0 of the conditioned injection", 1.0)
-    ns_steps: int = describe("k: Newton-Schulz steps on each injection U_t; 0 = U_t unchanged", 1)
-    ns_coefficients: str = describe("Newton-Schulz polynomial schedule: muon | polar_express", "muon")
-    ns_eps: float = describe("epsilon of the Newton-Schulz input normalisation U / (||U||_F + eps)", 1e-7)
-
-    def __post_init__(self):
-        _require(0.0 <= self.gamma < 1.0, "model.muonssm.gamma", f"must be in [0, 1), got {self.gamma}")
-        _require(self.tau > 0, "model.muonssm.tau", f"must be > 0, got {self.tau}")
-        _require(self.ns_steps >= 0, "model.muonssm.ns_steps", f"k must be >= 0, got {self.ns_steps}")
-        _require(self.ns_coefficients in ("muon", "polar_express"), "model.muonssm.ns_coefficients",
-                 f"must be muon or polar_express, got {self.ns_coefficients!r}")
-        _require(self.ns_eps > 0, "model.muonssm.ns_eps", f"must be > 0, got {self.ns_eps}")
-
-
-@dataclass(frozen=True)
-class AtlasConfig:
-    """The ``atlas`` memory mixer (and the memory branch of ``atlas_mag`` / ``atlas_mal``); see mixers/atlas.py."""
-
-    window: int = describe("Omega-rule window c: tokens whose losses each memory update optimises (1 = Titans)", 8)
-    chunk_size: int = describe("chunk b of the parallel form: gradients are taken at the memory of the chunk start",
-                               16)
-    poly_degree: int = describe("degree p of the polynomial feature map of keys and queries (1 = identity)", 2)
-    poly_key_dim: int = describe("key coordinates entering the degree >= 2 features (their count is r^i)", 8)
-    ns_steps: int = describe("Newton-Schulz steps k applied to the momentum (0 = off: plain momentum)", 5)
-    ns_coefficients: str = describe("Newton-Schulz schedule: muon | polar_express", "muon")
-    memory_depth: int = describe("memory: 1 = a matrix (linear), 2 = a 2-layer MLP with a residual", 2)
-    memory_expansion: int = describe("hidden width of the MLP memory, in multiples of the head dimension", 2)
-    conv_size: int = describe("short causal convolution over q, k, v (1 = pointwise)", 4)
-    alpha_range: tuple[float, ...] = describe("[low, high] of the memory retention gate alpha_t, within [0, 1]",
-                                              factory=lambda: (0.9, 1.0))
-    theta_range: tuple[float, ...] = describe("[low, high] of the momentum gate theta_t, within [0, 1]",
-                                              factory=lambda: (0.0, 0.5))
-    eta_range: tuple[float, ...] = describe(
-        "[low, high] of the inner learning rate eta_t, >= 0; with ns_steps = 0 a token's loss moves a linear "
-        "memory by ~2 eta gamma window of its error (unit keys): ~0.5 / window writes, far less barely does",
-        factory=lambda: (0.0, 0.05))
-    gamma_range: tuple[float, ...] = describe("[low, high] of the per-token window weight gamma_t, within [0, 1]",
-                                              factory=lambda: (0.0, 1.0))
-
-    def __post_init__(self):
-        for key, low in (("window", 1), ("chunk_size", 1), ("memory_expansion", 1), ("conv_size", 1),
-                         ("poly_key_dim", 1)):
-            value = getattr(self, key)
-            _require(value >= low, f"model.atlas.{key}", f"must be >= {low}, got {value}")
-        _require(1 <= self.poly_degree <= 4, "model.atlas.poly_degree", f"must be in [1, 4], got {self.poly_degree}")
-        _require(0 <= self.ns_steps <= 10, "model.atlas.ns_steps", f"must be in [0, 10], got {self.ns_steps}")
-        _require(self.ns_coefficients in ("muon", "polar_express"), "model.atlas.ns_coefficients",
-                 f"must be muon or polar_express, got {self.ns_coefficients!r}")
-        _require(self.memory_depth in (1, 2), "model.atlas.memory_depth",
-                 f"must be 1 (linear memory) or 2 (MLP memory), got {self.memory_depth}")
-        for name, upper in (("alpha", 1.0), ("theta", 1.0), ("eta", None), ("gamma", 1.0)):
-            self._check_range(name, upper)
-
-    def _check_range(self, name: str, upper: float | None) -> None:
-        key, bounds = f"model.atlas.{name}_range", getattr(self, f"{name}_range")
-        _require(len(bounds) == 2, key, f"must be [low, high], got {list(bounds)}")
-        low, high = bounds
-        _require(low <= high, key, f"is empty: low {low} > high {high}")
-        allowed = "[0, inf)" if upper is None else f"[0, {upper}]"
-        _require(low >= 0.0 and (upper is None or high <= upper), key, f"must lie within {allowed}, got {list(bounds)}")
-
-
-@dataclass(frozen=True)
-class LoopedConfig:
-    """``model.kind: looped``: a prelude, ONE shared block applied ``loops(N)`` times, a coda, a read-out at [CLS]."""
-
-    prelude_layers: int = describe("distinct blocks before the loop (0-2)", 1)
-    coda_layers: int = describe("distinct blocks after the loop (0-2)", 1)
-    loop_schedule: str = describe("log: loops(N) = ceil(loops_scale * log2 N) + loops_offset | fixed: fixed_loops",
-                                  "log")
-    loops_scale: float = describe("c in loops(N) = ceil(c log2 N) + d", 1.0)
-    loops_offset: int = describe("d in loops(N) = ceil(c log2 N) + d", 1)
-    fixed_loops: int = describe("loop count when loop_schedule = fixed", 4)
-    share_weights: bool = describe(
-        "one block looped (true), or fixed_loops distinct blocks: a fixed-depth baseline (false; loop_schedule fixed)",
-        True)
-    reinject: bool = describe("add the prelude output to the block input at every loop", True)
-    padding_scale: float = describe("a in P(N) = ceil(a N^e) padding tokens before [CLS]; 0 = no padding", 0.0)
-    padding_exponent: float = describe("e in P(N) = ceil(a N^e)", 1.0)
-    attention: str = describe("causal | bidirectional", "bidirectional")
-
-    def __post_init__(self):
-        for key in ("prelude_layers", "coda_layers"):
-            value = getattr(self, key)
-            _require(0 <= value <= 2, f"model.looped.{key}", f"must be 0, 1 or 2, got {value}")
-        _require(self.loop_schedule in ("log", "fixed"), "model.looped.loop_schedule",
-                 f"must be log or fixed, got {self.loop_schedule!r}")
-        _require(self.loops_scale >= 0, "model.looped.loops_scale", f"must be >= 0, got {self.loops_scale}")
-        _require(self.fixed_loops >= 1, "model.looped.fixed_loops", f"must be >= 1, got {self.fixed_loops}")
-        _require(self.share_weights or self.loop_schedule == "fixed", "model.looped.share_weights",
-                 "false (distinct blocks) needs model.looped.loop_schedule=fixed")
-        _require(self.padding_scale >= 0, "model.looped.padding_scale", f"must be >= 0, got {self.padding_scale}")
-        _require(self.padding_exponent >= 0, "model.looped.padding_exponent",
-                 f"must be >= 0, got {self.padding_exponent}")
-        _require(self.attention in ("causal", "bidirectional"), "model.looped.attention",
-                 f"must be causal or bidirectional, got {self.attention!r}")
 
 
 @dataclass(frozen=True)
