@@ -30,7 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.kernel_cases import CASE_BUILDERS, Case  # noqa: E402
 
 
-def _median_seconds(fn, args, repeats: int) -> float:
+def median_seconds(fn, args, repeats: int) -> float:
+    """Median wall time of `repeats` calls of `fn(*args)` after one warm-up call (compilation)."""
     jax.block_until_ready(fn(*args))  # compile and warm up
     times = []
     for _ in range(repeats):
@@ -56,7 +57,7 @@ def run_case(case: Case, repeats: int) -> list[dict]:
     records = []
     for name, fn in case.functions.items():
         record = dict(op=case.op, impl=name, shape=case.shape, dtype=case.dtype)
-        forward = _median_seconds(jax.jit(fn), args, repeats)
+        forward = median_seconds(jax.jit(fn), args, repeats)
         record["fwd_ms"] = 1e3 * forward
         if case.tokens:
             record["fwd_tokens_per_s"] = case.tokens / forward
@@ -66,7 +67,7 @@ def run_case(case: Case, repeats: int) -> list[dict]:
         if case.flops is not None:
             record["fwd_TFLOPs"] = case.flops / forward / 1e12
         if name not in case.forward_only:
-            both = _median_seconds(_forward_backward(fn, len(args)), args, repeats)
+            both = median_seconds(_forward_backward(fn, len(args)), args, repeats)
             record["fwdbwd_ms"] = 1e3 * both
             if case.tokens:
                 record["fwdbwd_tokens_per_s"] = case.tokens / both

@@ -25,9 +25,7 @@ import json
 import os
 import platform
 import shlex
-import statistics
 import sys
-import time
 from pathlib import Path
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # see benchmarks/recall.py
@@ -36,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
+from benchmarks.kernels import median_seconds  # noqa: E402
 from pallas_kernels import chunk_gla, gated_delta_rule  # noqa: E402
 from seqmodels.mixers import momentum  # noqa: E402
 
@@ -83,13 +82,7 @@ RATIOS = {  # label: (numerator, denominator)
 def time_gradient(fn, inputs, repeats: int) -> float:
     cotangent = jax.random.normal(jax.random.key(1), inputs[2].shape)
     grad = jax.jit(jax.grad(lambda *x: jnp.sum(fn(*x) * cotangent), argnums=tuple(range(6))))
-    jax.block_until_ready(grad(*inputs))
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(grad(*inputs))
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return median_seconds(grad, inputs, repeats)
 
 
 def markdown(report: dict, command: str) -> str:
