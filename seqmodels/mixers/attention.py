@@ -22,7 +22,6 @@ over a row of T tokens, and the mean of ``min(t + 1, window + sinks)`` for a sli
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
@@ -30,34 +29,21 @@ from jax.ad_checkpoint import checkpoint_name
 from seqmodels.config import ModelConfig
 from seqmodels.layers.attention import (attend, cache_capacity, init_kv_cache, update_kv_cache,
                                         visibility_mask)
-from seqmodels.layers.common import Dense, DenseOut
+from seqmodels.layers.attention_projections import AttentionProjections
 from seqmodels.layers.conv import ShortConv
-from seqmodels.layers.norms import RMSNorm
-from seqmodels.layers.rotary import apply_rotary
 from seqmodels.mixers.registry import register
 from seqmodels.sharding import constrain
 
 
-class Attention(nnx.Module):
+class Attention(AttentionProjections):
     """Causal multi-head attention; ``window=None`` for full context, else sliding window + sinks."""
 
     def __init__(self, config: ModelConfig, *, window: int | None, num_sinks: int, rngs: nnx.Rngs):
-        heads, head_dim = config.num_heads, config.head_dim
-        kv_heads = config.attention.num_kv_heads or heads
+        super().__init__(config, rngs=rngs)
         self.window, self.num_sinks = window, num_sinks
-        self.rope_theta = config.attention.rope_theta
-        self.implementation = config.attention.implementation
-        self.kv_heads, self.head_dim = kv_heads, head_dim
-        std = config.init_std
-        self.query = Dense(config.d_model, (heads, head_dim), "embed", ("heads", "head_dim"), rngs=rngs, std=std)
-        self.key = Dense(config.d_model, (kv_heads, head_dim), "embed", ("kv_heads", "head_dim"), rngs=rngs, std=std)
-        self.value = Dense(config.d_model, (kv_heads, head_dim), "embed", ("kv_heads", "head_dim"), rngs=rngs,
-                           std=std)
-        self.out = DenseOut((heads, head_dim), config.d_model, ("heads", "head_dim"), "embed", rngs=rngs, std=std)
-        self.q_norm = RMSNorm(head_dim, eps=config.norm_eps, axis_name="head_dim") if config.attention.qk_norm else None
-        self.k_norm = RMSNorm(head_dim, eps=config.norm_eps, axis_name="head_dim") if config.attention.qk_norm else None
         kernel = config.attention.conv_kernel
-        self.convs = nnx.List([ShortConv(width * head_dim, kernel, rngs=rngs, axis_name="heads")
+        heads, kv_heads = config.num_heads, self.kv_heads
+        self.convs = nnx.List([ShortConv(width * self.head_dim, kernel, rngs=rngs, axis_name="heads")
                                for width in (heads, kv_heads, kv_heads)]) if kernel else None
 
     def _convolve(self, projections, segment_ids, cache):
@@ -75,14 +61,7 @@ class Attention(nnx.Module):
     def _project(self, x, positions, segment_ids=None, cache=None):
         """RoPE'd ``q [B, T, H, Dh]``, ``k, v [B, T, Hkv, Dh]`` and the convolutions' decoding cache."""
         (q, k, v), conv_cache = self._convolve((self.query(x), self.key(x), self.value(x)), segment_ids, cache)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = apply_rotary(q, positions, self.rope_theta)
-        k = apply_rotary(k, positions, self.rope_theta)
-        q = constrain(q, ("batch", "seq", "heads", "head_dim"))
-        k = constrain(k, ("batch", "seq", "kv_heads", "head_dim"))
-        v = constrain(v, ("batch", "seq", "kv_heads", "head_dim"))
-        return checkpoint_name(q, "query"), checkpoint_name(k, "key"), checkpoint_name(v, "value"), conv_cache
+        return (*self.rotate(q, k, v, positions), conv_cache)
 
     def __call__(self, x, *, segment_ids=None, positions=None, cache=None):
         batch, length = x.shape[:2]

@@ -16,10 +16,9 @@ from jax.ad_checkpoint import checkpoint_name
 
 from seqmodels.config import ModelConfig
 from seqmodels.layers.attention import attend
-from seqmodels.layers.common import Dense, DenseOut
+from seqmodels.layers.attention_projections import AttentionProjections
 from seqmodels.layers.mlp import SwiGLU
 from seqmodels.layers.norms import RMSNorm
-from seqmodels.layers.rotary import apply_rotary
 from seqmodels.sharding import constrain
 
 
@@ -32,31 +31,11 @@ def attention_mask(valid: jax.Array, *, causal: bool) -> jax.Array:
     return visible[:, None]
 
 
-class LoopedAttention(nnx.Module):
+class LoopedAttention(AttentionProjections):
     """Multi-head (grouped-query) attention under an explicit mask, RoPE on queries and keys."""
 
-    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
-        heads, head_dim = config.num_heads, config.head_dim
-        kv_heads = config.attention.num_kv_heads or heads
-        std = config.init_std
-        self.rope_theta = config.attention.rope_theta
-        self.implementation = config.attention.implementation
-        self.query = Dense(config.d_model, (heads, head_dim), "embed", ("heads", "head_dim"), rngs=rngs, std=std)
-        self.key = Dense(config.d_model, (kv_heads, head_dim), "embed", ("kv_heads", "head_dim"), rngs=rngs, std=std)
-        self.value = Dense(config.d_model, (kv_heads, head_dim), "embed", ("kv_heads", "head_dim"), rngs=rngs,
-                           std=std)
-        self.out = DenseOut((heads, head_dim), config.d_model, ("heads", "head_dim"), "embed", rngs=rngs, std=std)
-        self.q_norm = RMSNorm(head_dim, eps=config.norm_eps, axis_name="head_dim") if config.attention.qk_norm else None
-        self.k_norm = RMSNorm(head_dim, eps=config.norm_eps, axis_name="head_dim") if config.attention.qk_norm else None
-
     def __call__(self, x: jax.Array, mask: jax.Array, positions: jax.Array) -> jax.Array:
-        q, k, v = self.query(x), self.key(x), self.value(x)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = constrain(apply_rotary(q, positions, self.rope_theta), ("batch", "seq", "heads", "head_dim"))
-        k = constrain(apply_rotary(k, positions, self.rope_theta), ("batch", "seq", "kv_heads", "head_dim"))
-        v = constrain(v, ("batch", "seq", "kv_heads", "head_dim"))
-        q, k, v = checkpoint_name(q, "query"), checkpoint_name(k, "key"), checkpoint_name(v, "value")
+        q, k, v = self.rotate(self.query(x), self.key(x), self.value(x), positions)
         out = attend(q, k, v, mask, implementation=self.implementation)
         return self.out(constrain(out, ("batch", "seq", "heads", "head_dim")))
 
