@@ -7,7 +7,7 @@ Per head h (head dimension ``D = d_model / H`` for keys, queries and values), fo
     q_t, k_t      <- q_t / ||q_t||, k_t / ||k_t||
     alpha_t, theta_t, eta_t, gamma_t = lo + (hi - lo) sigmoid(w . x_t + bias)     one map per gate
                                                      (bias_alpha starts at 3, the others at 0)
-    G_t = sum_{i=t-c+1}^{t} gamma_i grad_M || M(phi(k_i)) - v_i ||^2               Omega rule, window c
+    G_t = sum_{i=t-c+1}^{t} gamma_i clip_tau(grad_M || M(phi(k_i)) - v_i ||^2)     Omega rule, window c
     S_t = theta_t S_{t-1} - eta_t G_t                                              momentum
     M_t = alpha_t M_{t-1} + NS_k(S_t)                                              k Newton-Schulz steps
     y_t = W_o concat_h( RMSNorm(M_t(phi(q_t))) * silu(W_g x_t) )
@@ -16,10 +16,11 @@ Per head h (head dimension ``D = d_model / H`` for keys, queries and values), fo
 features, learnable per-degree coefficients initialised to 1/i!), ``M`` a matrix ``[F, D]``
 (``memory_depth = 1``) or a 2-layer MLP with residual ``phi[:D] + silu(phi W1) W2``
 (``memory_depth = 2``, hidden ``E = memory_expansion * D``), starting every document from the
-learnable ``M_0``; ``NS_0`` is the identity. Exactly how the gradients are taken in chunks of
-``b`` tokens (at the memory of the chunk start), how the window and the state stop at document
-boundaries, and how training (chunk-parallel) and decoding (token by token) compute it:
-``atlas_recurrence``.
+learnable ``M_0``; ``NS_0`` is the identity. ``clip_tau(g) = g min(1, tau / ||g||)`` bounds each
+token's gradient (its norm over all weight matrices; ``tau = grad_clip``, 0 = no clipping). Exactly
+how the gradients are taken in chunks of ``b`` tokens (at the memory of the chunk start), how the
+window and the state stop at document boundaries, and how training (chunk-parallel) and decoding
+(token by token) compute it: ``atlas_recurrence``.
 
 Special cases (``model.atlas``): **Titans** is ``window = 1, poly_degree = 1, ns_steps = 0``
 (``configs/titans.yaml``); **OmegaNet** is ``ns_steps = 0`` with ``window > 1``.
@@ -76,7 +77,7 @@ def atlas_settings(config: ModelConfig) -> AtlasSettings:
     atlas = config.atlas
     return AtlasSettings(memory_layout(config), window=atlas.window, chunk_size=atlas.chunk_size,
                          ns_steps=atlas.ns_steps, ns_coefficients=atlas.ns_coefficients, impl=config.kernel_impl,
-                         ns_dtype=config.compute_dtype)
+                         ns_dtype=config.compute_dtype, grad_clip=atlas.grad_clip)
 
 
 def _unit(x: jax.Array) -> jax.Array:

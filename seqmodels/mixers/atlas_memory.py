@@ -133,6 +133,13 @@ def gradient_factors(weights: tuple, phi: jax.Array, values: jax.Array, layout: 
     return ((phi, grad_pre), (hidden, grad_out))
 
 
+def clip_scale(norm_sq: jax.Array, clip: float) -> jax.Array:
+    """``min(1, clip / ||g||)`` from ``norm_sq = ||g||^2`` (all of a token's weight matrices together); 1 when clip = 0."""
+    if clip == 0:
+        return jnp.ones_like(norm_sq)
+    return clip * jax.lax.rsqrt(jnp.maximum(norm_sq, clip * clip))
+
+
 def pack(matrices: tuple, lead: int) -> jax.Array:
     """Flatten each ``[*lead_axes, m, n]`` matrix after ``lead`` axes and concatenate: ``[*lead_axes, P]``."""
     return jnp.concatenate([m.reshape(*m.shape[:lead], -1) for m in matrices], axis=-1)

@@ -8,7 +8,7 @@ initial memory, ``l`` the inner loss ``|| M(phi(k)) - v ||^2``):
     valid_t   segment_ids_t != 0                        (padding adds no gradient)
     base(t)   M_{s-1}, s = first token of t's chunk     if t's document started before s
               M_0                                       if it started at or after s
-    g_t     = gamma_t valid_t grad_M l(base(t); k_t, v_t)
+    g_t     = gamma_t valid_t clip_tau(grad_M l(base(t); k_t, v_t))     clip_tau(g) = g min(1, tau / ||g||)
     G_t     = sum_{i = max(t - c + 1, first token of t's document)}^{t} g_i       (Omega window)
     S_t     = theta_t S_{t-1} - eta_t G_t               with S_{t-1} := 0    at a document start
     M_t     = alpha_t M_{t-1} + NS_k(S_t)                with M_{t-1} := M_0  at a document start
@@ -16,7 +16,8 @@ initial memory, ``l`` the inner loss ``|| M(phi(k)) - v ||^2``):
 
 So every token's gradient is taken at the memory of the start of its chunk (the window reaches
 back into earlier chunks, whose gradients were taken at *their* chunk starts), and nothing
-(memory, momentum, window) crosses a document boundary. With ``b = 1``, ``base(t) = M_{t-1}``:
+(memory, momentum, window) crosses a document boundary. ``||g||`` is the Frobenius norm over all
+of the memory's weight matrices; ``tau = grad_clip``, 0 for no clipping. With ``b = 1``, ``base(t) = M_{t-1}``:
 the fully online rule. The chunk grid follows the row, not the document: a document that starts
 mid-row shares its first chunk with the previous document's tail (but not its state).
 
@@ -52,8 +53,8 @@ import jax.numpy as jnp
 
 from pallas_kernels import linear_scan
 from seqmodels.layers.segments import document_starts
-from seqmodels.mixers.atlas_memory import (MemoryLayout, gradient_factors, memory_apply, memory_loss, orthogonalize,
-                                           pack, unpack)
+from seqmodels.mixers.atlas_memory import (MemoryLayout, clip_scale, gradient_factors, memory_apply, memory_loss,
+                                           orthogonalize, pack, unpack)
 from seqmodels.sharding import kernel_spec
 
 
@@ -79,12 +80,15 @@ class AtlasSettings:
     ns_coefficients: str = "muon"
     impl: str = "auto"    # pallas_kernels implementation of linear_scan and newton_schulz
     ns_dtype: str = "float32"  # operand dtype of the Newton-Schulz matmuls (model.compute_dtype)
+    grad_clip: float = 0.0     # tau: per-token inner gradient norm bound (0 = none)
 
     def __post_init__(self):
         for name, low in (("window", 1), ("chunk_size", 1), ("ns_steps", 0)):
             value = getattr(self, name)
             if not isinstance(value, int) or value < low:
                 raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+        if not self.grad_clip >= 0:
+            raise ValueError(f"grad_clip must be >= 0 (0 = no clipping), got {self.grad_clip!r}")
 
 
 def check_inputs(inputs: AtlasInputs, initial_memory: tuple, layout: MemoryLayout) -> None:
@@ -153,8 +157,8 @@ def chunked(inputs: AtlasInputs, initial_memory: tuple, settings: AtlasSettings)
     return outputs.reshape(batch, num_chunks * size, *outputs.shape[3:])[:, :length]
 
 
-def _token_gradients(memory, chunk, initial_memory, layout):
-    """Rank-1 gradient factors of the chunk's tokens, gamma-weighted, at each token's base memory."""
+def _token_gradients(memory, chunk, initial_memory, layout, clip):
+    """Rank-1 gradient factors of the chunk's tokens, clipped and gamma-weighted, at each token's base memory."""
     phi_k, values, gamma, starts = chunk[0], chunk[1], chunk[6], chunk[7]
     fresh = (jnp.cumsum(starts, axis=1) > 0)[..., None, None]  # document started inside this chunk
     carried = unpack(memory, layout)  # [B, H, m, n]
@@ -162,9 +166,12 @@ def _token_gradients(memory, chunk, initial_memory, layout):
     bases = tuple(jnp.stack([jnp.broadcast_to(m0, w.shape), w])[:, :, None] for m0, w in zip(initial_memory, carried))
     stacked = tuple(jnp.broadcast_to(x, (2, *x.shape)) for x in (phi_k, values))
     factors = gradient_factors(bases, *stacked, layout)
-    lefts = tuple(jnp.where(fresh, left[0], left[1]) * gamma[..., None] for left, _ in factors)
+    lefts = tuple(jnp.where(fresh, left[0], left[1]) for left, _ in factors)
     rights = tuple(jnp.where(fresh, right[0], right[1]) for _, right in factors)
-    return lefts, rights
+    # ||left (x) right||_F = ||left|| ||right||: the norm of every token's gradient without forming it.
+    norm_sq = sum(jnp.sum(jnp.square(left), -1) * jnp.sum(jnp.square(right), -1) for left, right in zip(lefts, rights))
+    weight = (gamma * clip_scale(norm_sq, clip))[..., None]
+    return tuple(left * weight for left in lefts), rights
 
 
 def _window_sums(lefts, rights, window_carry, document, window):
@@ -195,7 +202,7 @@ def _chunk(carry, chunk, *, initial_memory, settings: AtlasSettings):
     memory, momentum, *window_carry = carry
     layout = settings.layout
     _, _, phi_q, alpha, theta, eta, _, starts, document = chunk
-    lefts, rights = _token_gradients(memory, chunk, initial_memory, layout)
+    lefts, rights = _token_gradients(memory, chunk, initial_memory, layout, settings.grad_clip)
     sums, window_carry = _window_sums(lefts, rights, window_carry, document, settings.window)
     keep = 1.0 - starts.astype(jnp.float32)
     momenta = _scan(theta * keep[..., None], -eta[..., None] * pack(sums, 3), momentum, settings.impl)
@@ -232,7 +239,8 @@ def step(state: dict, token: tuple, initial_memory: tuple, settings: AtlasSettin
     new_chunk = ((state["position"] % settings.chunk_size == 0) | start)[:, None, None, None]
     chunk_memory = tuple(jnp.where(new_chunk, m, old) for m, old in zip(memory, state["chunk_memory"]))
     grads = jax.grad(memory_loss)(chunk_memory, phi_k, values, layout)  # each (b, h) slice: its own token
-    weight = (gamma * valid[:, None])[..., None, None]
+    norm_sq = sum(jnp.sum(jnp.square(g), axis=(-2, -1)) for g in grads)
+    weight = (gamma * valid[:, None] * clip_scale(norm_sq, settings.grad_clip))[..., None, None]
     gradients = tuple(jnp.concatenate([jnp.where(reset[:, None], 0.0, buf)[:, 1:], (weight * g)[:, None]], axis=1)
                       for buf, g in zip(state["gradients"], grads))
     momentum = tuple(theta[..., None, None] * s - eta[..., None, None] * jnp.sum(buf, axis=1)

@@ -1,6 +1,7 @@
 """The Atlas recurrence: chunk-parallel form == sequential reference (values and gradients), the
 online rule at chunk size 1, document isolation, and zero momentum without NaN."""
 
+import dataclasses
 import functools
 
 import jax
@@ -59,6 +60,9 @@ CASES = {
     "deep-p2-c3-b4-k5": (True, 2, AtlasSettings(None, window=3, chunk_size=4, ns_steps=5, impl="xla")),
     # linear memory, identity features, window 6 > chunk 4 (reaches two chunks back), no NS (OmegaNet rule)
     "linear-p1-c6-b4-k0": (False, 1, AtlasSettings(None, window=6, chunk_size=4, ns_steps=0, impl="xla")),
+    # Titans (c = 1, p = 1, k = 0) with deep memory and the inner gradient clipped at a norm that most tokens exceed
+    "deep-p1-c1-b4-k0-clip": (True, 1, AtlasSettings(None, window=1, chunk_size=4, ns_steps=0, impl="xla",
+                                                     grad_clip=0.5)),
 }
 
 
@@ -66,7 +70,7 @@ def settings_for(name):
     deep, degree, settings = CASES[name]
     inputs, initial, layout = make_case(deep, degree)
     return inputs, initial, AtlasSettings(layout, settings.window, settings.chunk_size, settings.ns_steps,
-                                          impl=settings.impl)
+                                          impl=settings.impl, grad_clip=settings.grad_clip)
 
 
 def scale_tolerance(settings):
@@ -159,6 +163,38 @@ def test_inputs_of_the_wrong_shape_are_named():
         reference(inputs, (initial[0][:1],), settings)
     with pytest.raises(ValueError, match="window must be an int >= 1, got 0"):
         AtlasSettings(settings.layout, window=0, chunk_size=4, ns_steps=0)
+    with pytest.raises(ValueError, match=r"grad_clip must be >= 0 \(0 = no clipping\), got -1.0"):
+        AtlasSettings(settings.layout, window=1, chunk_size=4, ns_steps=0, grad_clip=-1.0)
+
+
+def test_gradient_clip_is_active_in_the_clipped_case():
+    # The clipped case must differ from the same rule unclipped, or its equivalence test proves nothing.
+    inputs, initial, settings = settings_for("deep-p1-c1-b4-k0-clip")
+    y_clipped, _ = evaluate(chunked, inputs, initial, settings)
+    y_plain, _ = evaluate(chunked, inputs, initial, dataclasses.replace(settings, grad_clip=0.0))
+    assert float(jnp.abs(y_clipped - y_plain).max()) > 0.05 * float(jnp.abs(y_plain).max())
+
+
+def test_gradient_clip_bounds_the_memory_where_the_chunked_step_overshoots():
+    # 256 tokens of one repeated unit key, eta = 0.5, no decay: with chunks of 16 every chunk applies
+    # 16 gradients taken at its start, a step of 2 eta * 16 = 16x the one that zeroes the error, so the
+    # error is multiplied by -15 per chunk and the read-out explodes. Clipping every token's gradient
+    # at tau bounds each memory increment by eta tau: ||M_t||_F <= t eta tau (M_0 = 0, unit query).
+    length, tau, eta = 256, 1.0, 0.5
+    layout = MemoryLayout(KEY_DIM, KEY_DIM)
+    key = jnp.full((1, length, 1, KEY_DIM), KEY_DIM ** -0.5)
+    values = jax.random.normal(jax.random.key(3), (1, length, 1, KEY_DIM))
+    ones = jnp.ones((1, length, 1))
+    inputs = AtlasInputs(key, values, key, ones, 0 * ones, eta * ones, ones, jnp.ones((1, length), jnp.int32))
+    initial = (jnp.zeros((1, KEY_DIM, KEY_DIM)),)
+    plain = AtlasSettings(layout, window=1, chunk_size=16, ns_steps=0, impl="xla")
+    y_plain = chunked(inputs, initial, plain)
+    assert not bool(jnp.all(jnp.abs(y_plain) < 1e6))  # overflowed or astronomically large
+    y = chunked(inputs, initial, dataclasses.replace(plain, grad_clip=tau))
+    norms = jnp.linalg.norm(y[0, :, 0], axis=-1)
+    assert bool(jnp.all(norms <= eta * tau * jnp.arange(1, length + 1) + 1e-4))
+    np.testing.assert_allclose(y, reference(inputs, initial, dataclasses.replace(plain, grad_clip=tau)),
+                               atol=1e-4 * float(jnp.abs(y).max()), rtol=0)
 
 
 def test_linear_memory_retrieves_a_value_written_with_a_full_delta_step():
