@@ -99,6 +99,10 @@ class AtlasConfig:
         factory=lambda: (0.0, 0.05))
     gamma_range: tuple[float, ...] = describe("[low, high] of the per-token window weight gamma_t, within [0, 1]",
                                               factory=lambda: (0.0, 1.0))
+    eta_scales: str = describe(
+        "where eta_t enters: gradient (S_t = theta S - eta G, M_t = alpha M + NS_k(S_t), the issue's rule) | update "
+        "(S_t = theta S - G, M_t = alpha M + eta NS_k(S_t), Muon's learning rate): with ns_steps > 0 only update "
+        "gives the memory a step size, since NS_k(S_t) has singular values ~1 whatever eta", "gradient")
     grad_clip: float = describe(
         "tau: each token's inner gradient is scaled to norm <= tau before the window sum (0 = off). Bounds every "
         "memory update, so a chunk whose gradients overshoot (all taken at the chunk start) cannot blow up", 0.0)
@@ -114,6 +118,8 @@ class AtlasConfig:
                  f"must be muon or polar_express, got {self.ns_coefficients!r}")
         _require(self.memory_depth in (1, 2), "model.atlas.memory_depth",
                  f"must be 1 (linear memory) or 2 (MLP memory), got {self.memory_depth}")
+        _require(self.eta_scales in ("gradient", "update"), "model.atlas.eta_scales",
+                 f"must be gradient or update, got {self.eta_scales!r}")
         _require(self.grad_clip >= 0, "model.atlas.grad_clip", f"must be >= 0 (0 = off), got {self.grad_clip}")
         for name, upper in (("alpha", 1.0), ("theta", 1.0), ("eta", None), ("gamma", 1.0)):
             self._check_range(name, upper)

@@ -10,6 +10,7 @@ Per head h (head dimension ``D = d_model / H`` for keys, queries and values), fo
     G_t = sum_{i=t-c+1}^{t} gamma_i clip_tau(grad_M || M(phi(k_i)) - v_i ||^2)     Omega rule, window c
     S_t = theta_t S_{t-1} - eta_t G_t                                              momentum
     M_t = alpha_t M_{t-1} + NS_k(S_t)                                              k Newton-Schulz steps
+    (eta_scales = update:  S_t = theta_t S_{t-1} - G_t,  M_t = alpha_t M_{t-1} + eta_t NS_k(S_t))
     y_t = W_o concat_h( RMSNorm(M_t(phi(q_t))) * silu(W_g x_t) )
 
 ``phi`` is the polynomial feature map of degree p (``atlas_memory``: ``F = D + sum_{i=2..p} R^i``
@@ -27,10 +28,11 @@ Special cases (``model.atlas``): **Titans** is ``window = 1, poly_degree = 1, ns
 
 Notes. q, k, v and the output gate come from one matmul ``[d_model, H, 4, D]``; the depthwise
 conv runs over the q, k, v channels together (the same as one conv each). With ``k > 0`` the
-update ``NS_k(S_t)`` has singular values near 1 whatever the scale of ``S_t``, so ``eta_t``
-weighs the new window gradient against the carried momentum rather than setting a step size;
-the memory's step size is then that unit scale and its horizon is set by ``alpha_t``
-(``k = 0``: ``eta_t`` is the inner learning rate). The recurrence runs in float32; the
+update ``NS_k(S_t)`` has singular values near 1 whatever the scale of ``S_t``, so under the default
+``eta_scales = gradient`` ``eta_t`` only weighs the new window gradient against the carried momentum:
+every token moves the memory by a unit-scale step, its horizon set by ``alpha_t`` alone. With
+``eta_scales = update`` (how Muon applies its learning rate) ``eta_t`` is the step size again;
+with ``k = 0`` it is the inner learning rate under either placement. The recurrence runs in float32; the
 Newton-Schulz matmuls take ``model.compute_dtype`` operands (bf16 with float32 accumulation).
 
 FLOPs per token (forward, one layer; 2 per multiply-add), with ``P = sum m n`` over the memory's
@@ -77,7 +79,8 @@ def atlas_settings(config: ModelConfig) -> AtlasSettings:
     atlas = config.atlas
     return AtlasSettings(memory_layout(config), window=atlas.window, chunk_size=atlas.chunk_size,
                          ns_steps=atlas.ns_steps, ns_coefficients=atlas.ns_coefficients, impl=config.kernel_impl,
-                         ns_dtype=config.compute_dtype, grad_clip=atlas.grad_clip)
+                         ns_dtype=config.compute_dtype, grad_clip=atlas.grad_clip,
+                         eta_scales=atlas.eta_scales)
 
 
 def _unit(x: jax.Array) -> jax.Array:

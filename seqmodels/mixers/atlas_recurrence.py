@@ -12,6 +12,7 @@ initial memory, ``l`` the inner loss ``|| M(phi(k)) - v ||^2``):
     G_t     = sum_{i = max(t - c + 1, first token of t's document)}^{t} g_i       (Omega window)
     S_t     = theta_t S_{t-1} - eta_t G_t               with S_{t-1} := 0    at a document start
     M_t     = alpha_t M_{t-1} + NS_k(S_t)                with M_{t-1} := M_0  at a document start
+              (eta_scales = "update": S_t = theta_t S_{t-1} - G_t and M_t = alpha_t M_{t-1} + eta_t NS_k(S_t))
     y_t     = M_t(phi(q_t))
 
 So every token's gradient is taken at the memory of the start of its chunk (the window reaches
@@ -28,7 +29,7 @@ mid-row shares its first chunk with the previous document's tail (but not its st
   2. ``G`` for the chunk's b tokens by a banded mask over the chunk's tokens and the last
      ``c - 1`` tokens of the previous chunks (carried): ``G_t = sum_i mask[t, i] left_i (x) right_i``;
   3. ``S``: ``pallas_kernels.linear_scan`` over the chunk's per-token matrices
-     (``a_t = theta_t``, ``a_t = 0`` at a document start, ``b_t = -eta_t G_t``);
+     (``a_t = theta_t``, ``a_t = 0`` at a document start, ``b_t = -eta_t G_t``, or ``-G_t``);
   4. ``NS_k(S_t)``: ONE batched ``newton_schulz`` call over every token's matrices;
   5. ``M``: ``linear_scan`` with ``a_t = alpha_t`` (0 at a document start) and
      ``b_t = NS_k(S_t) + [start_t] alpha_t M_0``;
@@ -81,12 +82,15 @@ class AtlasSettings:
     impl: str = "auto"    # pallas_kernels implementation of linear_scan and newton_schulz
     ns_dtype: str = "float32"  # operand dtype of the Newton-Schulz matmuls (model.compute_dtype)
     grad_clip: float = 0.0     # tau: per-token inner gradient norm bound (0 = none)
+    eta_scales: str = "gradient"  # eta_t multiplies the gradient entering S (gradient) or NS_k(S_t) (update)
 
     def __post_init__(self):
         for name, low in (("window", 1), ("chunk_size", 1), ("ns_steps", 0)):
             value = getattr(self, name)
             if not isinstance(value, int) or value < low:
                 raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+        if self.eta_scales not in ("gradient", "update"):
+            raise ValueError(f"eta_scales must be 'gradient' or 'update', got {self.eta_scales!r}")
         if not self.grad_clip >= 0:
             raise ValueError(f"grad_clip must be >= 0 (0 = no clipping), got {self.grad_clip!r}")
 
@@ -205,12 +209,15 @@ def _chunk(carry, chunk, *, initial_memory, settings: AtlasSettings):
     lefts, rights = _token_gradients(memory, chunk, initial_memory, layout, settings.grad_clip)
     sums, window_carry = _window_sums(lefts, rights, window_carry, document, settings.window)
     keep = 1.0 - starts.astype(jnp.float32)
-    momenta = _scan(theta * keep[..., None], -eta[..., None] * pack(sums, 3), momentum, settings.impl)
+    on_update = settings.eta_scales == "update"
+    gradient_scale = -1.0 if on_update else -eta[..., None]
+    momenta = _scan(theta * keep[..., None], gradient_scale * pack(sums, 3), momentum, settings.impl)
     orthogonal = orthogonalize(unpack(momenta, layout), layout, steps=settings.ns_steps,
                                coefficients=settings.ns_coefficients, impl=settings.impl,
                                lead_axes=("batch", None, "heads"), dtype=settings.ns_dtype)
     reset = (alpha * starts[..., None])[..., None] * pack(initial_memory, 1)
-    memories = _scan(alpha * keep[..., None], pack(orthogonal, 3) + reset, memory, settings.impl)
+    update = eta[..., None] * pack(orthogonal, 3) if on_update else pack(orthogonal, 3)
+    memories = _scan(alpha * keep[..., None], update + reset, memory, settings.impl)
     outputs = memory_apply(unpack(memories, layout), phi_q, layout)
     return (memories[:, -1], momenta[:, -1], *window_carry), outputs
 
@@ -243,11 +250,14 @@ def step(state: dict, token: tuple, initial_memory: tuple, settings: AtlasSettin
     weight = (gamma * valid[:, None] * clip_scale(norm_sq, settings.grad_clip))[..., None, None]
     gradients = tuple(jnp.concatenate([jnp.where(reset[:, None], 0.0, buf)[:, 1:], (weight * g)[:, None]], axis=1)
                       for buf, g in zip(state["gradients"], grads))
-    momentum = tuple(theta[..., None, None] * s - eta[..., None, None] * jnp.sum(buf, axis=1)
+    on_update = settings.eta_scales == "update"
+    gradient_scale = 1.0 if on_update else eta[..., None, None]
+    momentum = tuple(theta[..., None, None] * s - gradient_scale * jnp.sum(buf, axis=1)
                      for s, buf in zip(momentum, gradients))
     orthogonal = orthogonalize(momentum, layout, steps=settings.ns_steps, coefficients=settings.ns_coefficients,
                                impl=settings.impl, lead_axes=("batch", "heads"), dtype=settings.ns_dtype)
-    memory = tuple(alpha[..., None, None] * m + n for m, n in zip(memory, orthogonal))
+    update_scale = eta[..., None, None] if on_update else 1.0
+    memory = tuple(alpha[..., None, None] * m + update_scale * n for m, n in zip(memory, orthogonal))
     state = {"memory": memory, "chunk_memory": chunk_memory, "momentum": momentum, "gradients": gradients,
              "position": state["position"] + 1}
     return state, memory_apply(memory, phi_q, layout)

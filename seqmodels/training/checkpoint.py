@@ -13,11 +13,17 @@ import grain
 import jax
 import orbax.checkpoint as ocp
 
-from seqmodels.config import CheckpointConfig
+from seqmodels.config import CheckpointConfig, ConfigError
+from seqmodels.config_io import config_from_dict, to_dict
 
 
 class CheckpointError(ValueError):
     """A checkpoint is missing, or belongs to another architecture."""
+
+
+def saved_model_config(saved: dict) -> dict:
+    """The ``model`` section of a checkpoint's config dict, keys added since then filled with their defaults."""
+    return to_dict(config_from_dict(saved))["model"]
 
 
 def architecture_differences(saved: dict, current: dict, prefix: str = "model") -> list[str]:
@@ -56,8 +62,16 @@ class Checkpointer:
         return self.manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore())).config
 
     def check_architecture(self, step: int, model_config_dict: dict) -> None:
-        """Raise ``CheckpointError`` listing every model key where the checkpoint differs."""
-        saved = self.read_config(step)["model"]
+        """Raise ``CheckpointError`` listing every model key where the checkpoint differs.
+
+        Keys added to the config after the checkpoint was written take their defaults (which, by the
+        rule for adding a config key, reproduce the architecture as it was before the key existed).
+        """
+        try:
+            saved = saved_model_config(self.read_config(step))
+        except ConfigError as error:
+            raise CheckpointError(f"the checkpoint at step {step} in {self.directory} holds a config this "
+                                  f"version cannot read: {error}") from None
         diffs = architecture_differences(saved, model_config_dict)
         if diffs:
             raise CheckpointError(

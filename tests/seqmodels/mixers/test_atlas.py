@@ -43,6 +43,7 @@ def test_polynomial_features_follow_the_documented_layout():
     ("model.atlas.alpha_range=[0.9, 0.5]", "model.atlas.alpha_range: is empty: low 0.9 > high 0.5"),
     ("model.atlas.eta_range=[0.2, 0.1]", "model.atlas.eta_range: is empty"),
     ("model.atlas.theta_range=[0.5, 1.5]", r"model.atlas.theta_range: must lie within \[0, 1.0\]"),
+    ("model.atlas.eta_scales=memory", "model.atlas.eta_scales: must be gradient or update, got .memory."),
     ("model.atlas.grad_clip=-0.5", r"model.atlas.grad_clip: must be >= 0 \(0 = off\), got -0.5"),
     ("model.atlas.gamma_range=[0.5]", r"model.atlas.gamma_range: must be \[low, high\]"),
     ("model.atlas.poly_key_dim=64", "model.atlas.poly_key_dim: 64 exceeds the head dimension"),

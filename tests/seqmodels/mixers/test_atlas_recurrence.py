@@ -60,6 +60,9 @@ CASES = {
     "deep-p2-c3-b4-k5": (True, 2, AtlasSettings(None, window=3, chunk_size=4, ns_steps=5, impl="xla")),
     # linear memory, identity features, window 6 > chunk 4 (reaches two chunks back), no NS (OmegaNet rule)
     "linear-p1-c6-b4-k0": (False, 1, AtlasSettings(None, window=6, chunk_size=4, ns_steps=0, impl="xla")),
+    # linear memory, degree-2 features, Muon NS with eta on the orthogonalised update (Muon's learning rate)
+    "linear-p2-c2-b4-k5-update": (False, 2, AtlasSettings(None, window=2, chunk_size=4, ns_steps=5, impl="xla",
+                                                          eta_scales="update")),
     # Titans (c = 1, p = 1, k = 0) with deep memory and the inner gradient clipped at a norm that most tokens exceed
     "deep-p1-c1-b4-k0-clip": (True, 1, AtlasSettings(None, window=1, chunk_size=4, ns_steps=0, impl="xla",
                                                      grad_clip=0.5)),
@@ -70,7 +73,8 @@ def settings_for(name):
     deep, degree, settings = CASES[name]
     inputs, initial, layout = make_case(deep, degree)
     return inputs, initial, AtlasSettings(layout, settings.window, settings.chunk_size, settings.ns_steps,
-                                          impl=settings.impl, grad_clip=settings.grad_clip)
+                                          impl=settings.impl, grad_clip=settings.grad_clip,
+                                          eta_scales=settings.eta_scales)
 
 
 def scale_tolerance(settings):
@@ -165,6 +169,32 @@ def test_inputs_of_the_wrong_shape_are_named():
         AtlasSettings(settings.layout, window=0, chunk_size=4, ns_steps=0)
     with pytest.raises(ValueError, match=r"grad_clip must be >= 0 \(0 = no clipping\), got -1.0"):
         AtlasSettings(settings.layout, window=1, chunk_size=4, ns_steps=0, grad_clip=-1.0)
+    with pytest.raises(ValueError, match="eta_scales must be 'gradient' or 'update', got 'memory'"):
+        AtlasSettings(settings.layout, window=1, chunk_size=4, ns_steps=0, eta_scales="memory")
+
+
+def test_eta_on_the_update_scales_the_memory_step():
+    # A different rule from eta on the gradient (else its equivalence case proves nothing). At a
+    # document's first token (memory M_0, momentum 0) the step is eta_t NS_k(-G_t) with eta on the
+    # update: halving eta halves the read-out's departure from M_0. With eta on the gradient the
+    # scale-free NS_k gives the same step whatever eta.
+    inputs, initial, settings = settings_for("linear-p2-c2-b4-k5-update")
+    inputs = inputs._replace(alpha=jnp.ones_like(inputs.alpha))  # M_1 = M_0 + step: y_0 - M_0(phi(q_0)) is the step
+    halved = inputs._replace(eta=inputs.eta / 2)
+    first = memory_apply(initial, inputs.phi_q[:, 0], settings.layout)
+
+    def first_step(rule, token_inputs):
+        y, _ = evaluate(chunked, token_inputs, initial, dataclasses.replace(settings, eta_scales=rule))
+        return y[:, 0] - first
+
+    y, _ = evaluate(chunked, inputs, initial, settings)
+    y_gradient, _ = evaluate(chunked, inputs, initial, dataclasses.replace(settings, eta_scales="gradient"))
+    assert float(jnp.abs(y - y_gradient).max()) > 0.05 * float(jnp.abs(y).max())
+    step = first_step("update", inputs)
+    assert float(jnp.abs(step).max()) > 1e-2
+    np.testing.assert_allclose(first_step("update", halved), step / 2, atol=1e-3 * float(jnp.abs(step).max()))
+    np.testing.assert_allclose(first_step("gradient", halved), first_step("gradient", inputs),
+                               atol=1e-3 * float(jnp.abs(step).max()))
 
 
 def test_gradient_clip_is_active_in_the_clipped_case():
