@@ -158,6 +158,16 @@ def test_zero_momentum_gives_no_nan_and_keeps_the_initial_memory():
     np.testing.assert_allclose(y, memory_apply(initial, zero.phi_q, settings.layout), atol=1e-6, rtol=0)
 
 
+def test_a_zero_gradient_under_the_clip_gives_no_nan():
+    # M_0 = 0 and v = 0: every inner gradient is exactly zero, where ||g|| has no derivative.
+    inputs, initial, settings = settings_for("linear-p1-c6-b4-k0")
+    zero = inputs._replace(values=jnp.zeros_like(inputs.values))
+    clipped = dataclasses.replace(settings, grad_clip=0.5)
+    y, grads = evaluate(chunked, zero, tuple(jnp.zeros_like(w) for w in initial), clipped)
+    assert float(jnp.abs(y).max()) == 0.0
+    assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads))
+
+
 def test_inputs_of_the_wrong_shape_are_named():
     inputs, initial, settings = settings_for("linear-p1-c6-b4-k0")
     message = r"eta must have shape \(2, 10, 2\) \(from phi_k \[B, T, H, F\]\), got \(2, 9, 2\)"
