@@ -134,7 +134,10 @@ def gradient_factors(weights: tuple, phi: jax.Array, values: jax.Array, layout: 
 
 
 def clip_scale(norm_sq: jax.Array, clip: float) -> jax.Array:
-    """``min(1, clip / ||g||)`` from ``norm_sq = ||g||^2`` (all of a token's weight matrices together); 1 when clip = 0."""
+    """``min(1, clip / ||g||)`` from ``norm_sq = ||g||^2`` (a token's weight matrices together); 1 when clip = 0.
+
+    Smooth at ``g = 0`` (``max`` picks ``clip^2``), so a zero gradient gives finite outer gradients.
+    """
     if clip == 0:
         return jnp.ones_like(norm_sq)
     return clip * jax.lax.rsqrt(jnp.maximum(norm_sq, clip * clip))

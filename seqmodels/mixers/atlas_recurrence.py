@@ -18,9 +18,10 @@ initial memory, ``l`` the inner loss ``|| M(phi(k)) - v ||^2``):
 So every token's gradient is taken at the memory of the start of its chunk (the window reaches
 back into earlier chunks, whose gradients were taken at *their* chunk starts), and nothing
 (memory, momentum, window) crosses a document boundary. ``||g||`` is the Frobenius norm over all
-of the memory's weight matrices; ``tau = grad_clip``, 0 for no clipping. With ``b = 1``, ``base(t) = M_{t-1}``:
-the fully online rule. The chunk grid follows the row, not the document: a document that starts
-mid-row shares its first chunk with the previous document's tail (but not its state).
+of the memory's weight matrices; ``tau = grad_clip``, 0 for no clipping. With ``b = 1``,
+``base(t) = M_{t-1}``: the fully online rule. The chunk grid follows the row, not the document: a
+document that starts mid-row shares its first chunk with the previous document's tail (but not
+its state).
 
 ``chunked`` (training) runs a ``lax.scan`` over chunks and is parallel inside a chunk:
 
