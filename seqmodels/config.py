@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from seqmodels.config_base import ConfigError, _require, describe
+from seqmodels.config_base import ConfigError, _require, _require_at_least, describe
 from seqmodels.config_mixers import (  # noqa: F401  (sections of ModelConfig, re-exported here)
     AtlasConfig, DeltaNetConfig, LoopedConfig, Mamba2Config, MuonSSMConfig)
 
@@ -41,8 +41,7 @@ class SlidingWindowConfig:
     num_sinks: int = describe("first tokens of each document every query also sees (attention sinks)", 0)
 
     def __post_init__(self):
-        _require(self.window >= 1, "model.swa.window", f"must be >= 1, got {self.window}")
-        _require(self.num_sinks >= 0, "model.swa.num_sinks", f"must be >= 0, got {self.num_sinks}")
+        _require_at_least(self, "model.swa", window=1, num_sinks=0)
 
 
 @dataclass(frozen=True)
@@ -78,9 +77,7 @@ class ModelConfig:
 
     def __post_init__(self):
         _require(self.kind in ("lm", "looped"), "model.kind", f"must be lm or looped, got {self.kind!r}")
-        for key in ("vocab_size", "d_model", "num_heads", "max_seq_len"):
-            _require(getattr(self, key) >= 1, f"model.{key}", f"must be >= 1, got {getattr(self, key)}")
-        _require(self.d_ff >= 0, "model.d_ff", f"must be >= 0, got {self.d_ff}")
+        _require_at_least(self, "model", vocab_size=1, d_model=1, num_heads=1, max_seq_len=1, d_ff=0)
         _require(self.d_model % self.num_heads == 0, "model.d_model",
                  f"{self.d_model} is not divisible by model.num_heads={self.num_heads}")
         kv_heads = self.attention.num_kv_heads or self.num_heads
@@ -134,15 +131,11 @@ class SyntheticConfig:
     num_copy_tokens: int = describe("selective_copy: content tokens scattered in the row, then copied", 16)
 
     def __post_init__(self):
-        _require(self.vocab_size >= 8, "data.synthetic.vocab_size", f"must be >= 8, got {self.vocab_size}")
-        _require(self.num_pairs >= 1, "data.synthetic.num_pairs", f"must be >= 1, got {self.num_pairs}")
+        _require_at_least(self, "data.synthetic", vocab_size=8, num_pairs=1, num_queries=0, num_copy_tokens=1)
         keys = (self.vocab_size - 3) // 2
         _require(self.num_pairs <= keys, "data.synthetic.num_pairs",
                  f"{self.num_pairs} pairs need as many distinct keys; data.synthetic.vocab_size="
                  f"{self.vocab_size} has {keys}")
-        _require(self.num_queries >= 0, "data.synthetic.num_queries", f"must be >= 0, got {self.num_queries}")
-        _require(self.num_copy_tokens >= 1, "data.synthetic.num_copy_tokens",
-                 f"must be >= 1, got {self.num_copy_tokens}")
 
     def check_fits(self, source: str, seq_len: int) -> None:
         """Raise ``ConfigError`` unless one example of ``source`` fits a row of ``seq_len + 1`` tokens."""
@@ -187,8 +180,7 @@ class CflDataConfig:
         _require(self.min_length >= 1, "data.cfl.min_length", f"must be >= 1, got {self.min_length}")
         _require(self.max_length >= self.min_length, "data.cfl.max_length",
                  f"{self.max_length} is below data.cfl.min_length={self.min_length}")
-        _require(self.length_buckets >= 1, "data.cfl.length_buckets", f"must be >= 1, got {self.length_buckets}")
-        _require(self.curriculum_steps >= 0, "data.cfl.curriculum_steps", f"must be >= 0, got {self.curriculum_steps}")
+        _require_at_least(self, "data.cfl", length_buckets=1, curriculum_steps=0)
 
 
 @dataclass(frozen=True)
@@ -227,11 +219,7 @@ class DataConfig:
         _require(0.0 < self.heldout_fraction < 1.0, "data.heldout_fraction",
                  f"must be in (0, 1), got {self.heldout_fraction}")
         _require(self.max_documents >= 0, "data.max_documents", "must be >= 0")
-        _require(self.needle_key_length >= 1, "data.needle_key_length", f"must be >= 1, got {self.needle_key_length}")
-        _require(self.needle_value_length >= 1, "data.needle_value_length",
-                 f"must be >= 1, got {self.needle_value_length}")
-        _require(self.needle_distractors >= 0, "data.needle_distractors",
-                 f"must be >= 0, got {self.needle_distractors}")
+        _require_at_least(self, "data", needle_key_length=1, needle_value_length=1, needle_distractors=0)
         if self.source == "needle":
             shortest = needle_min_length(self.needle_key_length, self.needle_value_length, self.needle_distractors)
             _require(self.seq_len + 1 >= shortest, "data.seq_len",
@@ -289,9 +277,7 @@ class TrainConfig:
     run_dir: str = describe("directory of checkpoints, logs and the resolved config", "runs/default")
 
     def __post_init__(self):
-        _require(self.steps >= 1, "train.steps", f"must be >= 1, got {self.steps}")
-        _require(self.batch_size >= 1, "train.batch_size", f"must be >= 1, got {self.batch_size}")
-        _require(self.grad_accum >= 1, "train.grad_accum", f"must be >= 1, got {self.grad_accum}")
+        _require_at_least(self, "train", steps=1, batch_size=1, grad_accum=1)
         _require(self.batch_size % self.grad_accum == 0, "train.batch_size",
                  f"{self.batch_size} is not divisible by train.grad_accum={self.grad_accum}")
         _require(0 <= self.exit_at_step <= self.steps, "train.exit_at_step",

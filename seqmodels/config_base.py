@@ -20,3 +20,10 @@ def describe(text: str, default=dataclasses.MISSING, factory=dataclasses.MISSING
 def _require(ok: bool, key: str, message: str) -> None:
     if not ok:
         raise ConfigError(f"{key}: {message}")
+
+
+def _require_at_least(section, prefix: str, **lows) -> None:
+    """``{prefix}.{key}: must be >= {low}, got {value}`` for the first field of ``section`` below its bound."""
+    for key, low in lows.items():
+        value = getattr(section, key)
+        _require(value >= low, f"{prefix}.{key}", f"must be >= {low}, got {value}")

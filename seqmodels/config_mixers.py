@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from seqmodels.config_base import _require, describe
+from seqmodels.config_base import _require, _require_at_least, describe
 
 
 def _is_chunk_size(value: int) -> bool:
@@ -29,9 +29,7 @@ class Mamba2Config:
     dt_max: float = describe("largest initial step size Delta", 1e-1)
 
     def __post_init__(self):
-        for key in ("state_dim", "expand", "conv_kernel"):
-            _require(getattr(self, key) >= 1, f"model.mamba2.{key}", f"must be >= 1, got {getattr(self, key)}")
-        _require(self.head_dim >= 0, "model.mamba2.head_dim", f"must be >= 0, got {self.head_dim}")
+        _require_at_least(self, "model.mamba2", state_dim=1, expand=1, conv_kernel=1, head_dim=0)
         _require(_is_chunk_size(self.chunk_size), "model.mamba2.chunk_size",
                  f"must be a power of two >= 16, got {self.chunk_size}")
         _require(0 < self.dt_min <= self.dt_max, "model.mamba2.dt_min",
@@ -48,10 +46,7 @@ class DeltaNetConfig:
     chunk_size: int = describe("tokens per chunk of the chunked training form (power of two >= 16)", 64)
 
     def __post_init__(self):
-        _require(self.head_dim >= 0, "model.deltanet.head_dim", f"must be >= 0, got {self.head_dim}")
-        _require(self.value_head_dim >= 0, "model.deltanet.value_head_dim",
-                 f"must be >= 0, got {self.value_head_dim}")
-        _require(self.conv_kernel >= 1, "model.deltanet.conv_kernel", f"must be >= 1, got {self.conv_kernel}")
+        _require_at_least(self, "model.deltanet", head_dim=0, value_head_dim=0, conv_kernel=1)
         _require(_is_chunk_size(self.chunk_size), "model.deltanet.chunk_size",
                  f"must be a power of two >= 16, got {self.chunk_size}")
 
@@ -108,10 +103,8 @@ class AtlasConfig:
         "memory update, so a chunk whose gradients overshoot (all taken at the chunk start) cannot blow up", 0.0)
 
     def __post_init__(self):
-        for key, low in (("window", 1), ("chunk_size", 1), ("memory_expansion", 1), ("conv_size", 1),
-                         ("poly_key_dim", 1)):
-            value = getattr(self, key)
-            _require(value >= low, f"model.atlas.{key}", f"must be >= {low}, got {value}")
+        _require_at_least(self, "model.atlas", window=1, chunk_size=1, memory_expansion=1, conv_size=1,
+                          poly_key_dim=1)
         _require(1 <= self.poly_degree <= 4, "model.atlas.poly_degree", f"must be in [1, 4], got {self.poly_degree}")
         _require(0 <= self.ns_steps <= 10, "model.atlas.ns_steps", f"must be in [0, 10], got {self.ns_steps}")
         _require(self.ns_coefficients in ("muon", "polar_express"), "model.atlas.ns_coefficients",
@@ -158,12 +151,9 @@ class LoopedConfig:
             _require(0 <= value <= 2, f"model.looped.{key}", f"must be 0, 1 or 2, got {value}")
         _require(self.loop_schedule in ("log", "fixed"), "model.looped.loop_schedule",
                  f"must be log or fixed, got {self.loop_schedule!r}")
-        _require(self.loops_scale >= 0, "model.looped.loops_scale", f"must be >= 0, got {self.loops_scale}")
-        _require(self.fixed_loops >= 1, "model.looped.fixed_loops", f"must be >= 1, got {self.fixed_loops}")
+        _require_at_least(self, "model.looped", loops_scale=0, fixed_loops=1)
         _require(self.share_weights or self.loop_schedule == "fixed", "model.looped.share_weights",
                  "false (distinct blocks) needs model.looped.loop_schedule=fixed")
-        _require(self.padding_scale >= 0, "model.looped.padding_scale", f"must be >= 0, got {self.padding_scale}")
-        _require(self.padding_exponent >= 0, "model.looped.padding_exponent",
-                 f"must be >= 0, got {self.padding_exponent}")
+        _require_at_least(self, "model.looped", padding_scale=0, padding_exponent=0)
         _require(self.attention in ("causal", "bidirectional"), "model.looped.attention",
                  f"must be causal or bidirectional, got {self.attention!r}")
