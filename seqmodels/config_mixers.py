@@ -144,6 +144,9 @@ class LoopedConfig:
     padding_scale: float = describe("a in P(N) = ceil(a N^e) padding tokens before [CLS]; 0 = no padding", 0.0)
     padding_exponent: float = describe("e in P(N) = ceil(a N^e)", 1.0)
     attention: str = describe("causal | bidirectional", "bidirectional")
+    positions: str = describe(
+        "rope: positions enter only through RoPE in attention | rope+sinusoidal: also fixed sinusoidal features of "
+        "the padded-layout position added to the embeddings (absolute positions in the residual stream)", "rope")
 
     def __post_init__(self):
         for key in ("prelude_layers", "coda_layers"):
@@ -157,3 +160,5 @@ class LoopedConfig:
         _require_at_least(self, "model.looped", padding_scale=0, padding_exponent=0)
         _require(self.attention in ("causal", "bidirectional"), "model.looped.attention",
                  f"must be causal or bidirectional, got {self.attention!r}")
+        _require(self.positions in ("rope", "rope+sinusoidal"), "model.looped.positions",
+                 f"must be rope or rope+sinusoidal, got {self.positions!r}")

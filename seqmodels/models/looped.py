@@ -14,7 +14,10 @@ positions) and answers accept / reject at [CLS]::
 
 [PAD] is a learned vector, inserted by the model, so the data carries only ``[BOS] w [CLS]`` (see
 ``seqmodels.data.cfl_pipeline``). Attention is bidirectional or causal over the T positions, with
-RoPE at positions 0 .. T-1. With ``share_weights: false`` the loop runs ``fixed_loops`` distinct
+RoPE at positions 0 .. T-1. RoPE puts no position into the residual stream (values are not
+rotated), so a query cannot aim at a position computed from the input, such as the mirror
+``2m - j`` of position j about the centre m of ``w#w^R``; ``positions: rope+sinusoidal`` adds fixed
+sinusoidal features of the position to the embeddings, from which such targets are bilinear. With ``share_weights: false`` the loop runs ``fixed_loops`` distinct
 blocks instead of one: a fixed-depth transformer from the same code.
 
 **How a batch carries N.** Each row holds one example at its front: ``segment_ids`` is 1 on its
@@ -48,6 +51,7 @@ from seqmodels.config import LoopedConfig, ModelConfig
 from seqmodels.data.cfl_pipeline import ACCEPT_ID, REJECT_ID
 from seqmodels.layers.common import param
 from seqmodels.layers.norms import RMSNorm
+from seqmodels.layers.rotary import sinusoidal_positions
 from seqmodels.models.lm import REMAT_POLICIES
 from seqmodels.models.looped_block import LoopBlock, attention_mask, block_flops_per_position
 from seqmodels.sharding import constrain
@@ -117,7 +121,12 @@ class LoopedModel(nnx.Module):
         dtype = jnp.dtype(self.config.compute_dtype)
         x = jnp.take(self.embed.get_value(), jnp.take_along_axis(tokens, source, axis=1), axis=0)
         is_pad = (index > length) & (index < readout)
-        x = jnp.where(is_pad[..., None], self.pad_embedding.get_value(), x).astype(dtype)
+        x = jnp.where(is_pad[..., None], self.pad_embedding.get_value(), x)
+        if self.config.looped.positions == "rope+sinusoidal":
+            # amplitude sqrt(2) init_std: each feature's root mean square matches the embeddings' std
+            features = sinusoidal_positions(index, self.config.d_model, self.config.attention.rope_theta)
+            x = x + math.sqrt(2.0) * self.config.init_std * features
+        x = x.astype(dtype)
         return constrain(x, ("batch", "seq", "embed")), index <= readout
 
     def _run_loop(self, x, inject, mask, positions, loops, max_loops: int):

@@ -12,6 +12,7 @@ from seqmodels.config import ConfigError, LoopedConfig, ModelConfig
 from seqmodels.data.cfl import sample
 from seqmodels.data.cfl_pipeline import ACCEPT_ID, REJECT_ID, VOCAB_SIZE, labelled_batch
 from seqmodels.models import build_model, flops_per_token
+from seqmodels.layers.rotary import sinusoidal_positions
 from seqmodels.models.looped import LoopedModel, num_loops, num_padding, parameter_count
 
 # float32 on CPU: the paths compared differ only in summation order (batch padding, masked rows),
@@ -129,9 +130,11 @@ def test_gradient_of_the_shared_block_sums_the_gradients_of_every_loop():
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7), shared_grad, summed)
 
 
-@pytest.mark.parametrize("attention, padding_scale", [("causal", 1.5), ("bidirectional", 0.0)])
-def test_read_out_of_a_mixed_length_batch_equals_each_example_alone(attention, padding_scale):
-    model = build_model(looped_config(attention=attention, padding_scale=padding_scale), seed=7)
+@pytest.mark.parametrize("attention, padding_scale, positions", [
+    ("causal", 1.5, "rope"), ("bidirectional", 0.0, "rope"), ("causal", 1.0, "rope+sinusoidal")])
+def test_read_out_of_a_mixed_length_batch_equals_each_example_alone(attention, padding_scale, positions):
+    config = looped_config(attention=attention, padding_scale=padding_scale, positions=positions)
+    model = build_model(config, seed=7)
     lengths = (4, 10, 2)
     batch = mixed_length_batch(lengths)
     batched = forward(model, batch["inputs"], batch["segment_ids"])
@@ -173,6 +176,20 @@ def test_empty_positions_do_not_change_the_read_out():
                                forward(model, noisy, batch["segment_ids"]), atol=FP32_TOL)
 
 
+def test_sinusoidal_positions_add_the_position_features_to_every_padded_position():
+    plain = build_model(looped_config(padding_scale=1.0), seed=4)
+    config = looped_config(padding_scale=1.0, positions="rope+sinusoidal")
+    model = build_model(config, seed=4)
+    assert parameter_count(model) == parameter_count(plain)  # fixed features, no parameters
+    batch = mixed_length_batch((4, 6))
+    layouts = [m.layout(batch["inputs"], batch["segment_ids"]) for m in (plain, model)]
+    (x_plain, valid), (x, _) = (m._embed_padded(batch["inputs"], lay) for m, lay in zip((plain, model), layouts))
+    assert x.shape == x_plain.shape == (2, 8 + 6, 32)  # L + P(L - 2) positions
+    features = sinusoidal_positions(jnp.arange(x.shape[1]), 32, config.attention.rope_theta)
+    np.testing.assert_allclose(x - x_plain, np.broadcast_to(np.sqrt(2) * config.init_std * features, x.shape),
+                               atol=1e-6)
+
+
 def test_flops_count_every_block_on_every_padded_position():
     config = looped_config(padding_scale=1.0, attention="bidirectional", prelude_layers=1, coda_layers=2)
     model = build_model(config)
@@ -192,6 +209,7 @@ def test_flops_count_every_block_on_every_padded_position():
     (dict(share_weights=False), "model.looped.share_weights"),
     (dict(attention="sideways"), "model.looped.attention"),
     (dict(padding_scale=-1.0), "model.looped.padding_scale"),
+    (dict(positions="learned"), "model.looped.positions"),
 ])
 def test_bad_looped_config_is_refused_naming_the_key(looped, message):
     with pytest.raises(ConfigError, match=message):
