@@ -93,6 +93,8 @@ class ModelConfig:
         _require(self.init_std > 0, "model.init_std", "must be > 0")
         _require(self.atlas.poly_degree == 1 or self.atlas.poly_key_dim <= self.head_dim, "model.atlas.poly_key_dim",
                  f"{self.atlas.poly_key_dim} exceeds the head dimension d_model / num_heads = {self.head_dim}")
+        _require(self.looped.positions == "rope" or self.d_model % 2 == 0, "model.looped.positions",
+                 f"rope+sinusoidal needs an even model.d_model (sine and cosine pairs), got {self.d_model}")
         inner = self.mamba2.expand * self.d_model
         _require(not self.mamba2.head_dim or inner % self.mamba2.head_dim == 0, "model.mamba2.head_dim",
                  f"{self.mamba2.head_dim} does not divide model.mamba2.expand * model.d_model = {inner}")

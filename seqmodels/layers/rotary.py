@@ -25,9 +25,9 @@ def apply_rotary(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
 def sinusoidal_positions(positions: jax.Array, dim: int, theta: float) -> jax.Array:
     """``[..., dim]`` features ``(sin(p w_i), cos(p w_i))`` of ``positions: [...]``, ``w_i = theta^(-2i/dim)``.
 
-    The half-split layout of ``apply_rotary``: sines in the first half, cosines in the second. Each
-    feature has mean square 1/2 over positions; the angle-difference identities make the position
-    offset of two rows a bilinear function of their features.
+    The half-split layout of ``apply_rotary``: sines in the first half, cosines in the second; each
+    (sin, cos) pair has norm 1. By the angle-difference identities the features of position p - q
+    are bilinear in those of p and q.
     """
     if dim % 2 or dim <= 0:
         raise ValueError(f"sinusoidal positions need a positive even dimension, got {dim}")

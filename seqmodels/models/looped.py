@@ -17,8 +17,9 @@ positions) and answers accept / reject at [CLS]::
 RoPE at positions 0 .. T-1. RoPE puts no position into the residual stream (values are not
 rotated), so a query cannot aim at a position computed from the input, such as the mirror
 ``2m - j`` of position j about the centre m of ``w#w^R``; ``positions: rope+sinusoidal`` adds fixed
-sinusoidal features of the position to the embeddings, from which such targets are bilinear. With ``share_weights: false`` the loop runs ``fixed_loops`` distinct
-blocks instead of one: a fixed-depth transformer from the same code.
+sinusoidal features of the position to the embeddings, in which such targets are bilinear. With
+``share_weights: false`` the loop runs ``fixed_loops`` distinct blocks instead of one: a fixed-depth
+transformer from the same code.
 
 **How a batch carries N.** Each row holds one example at its front: ``segment_ids`` is 1 on its
 N + 2 tokens and 0 after them. Shapes are static per row length L: the model lays every row out on
@@ -123,7 +124,7 @@ class LoopedModel(nnx.Module):
         is_pad = (index > length) & (index < readout)
         x = jnp.where(is_pad[..., None], self.pad_embedding.get_value(), x)
         if self.config.looped.positions == "rope+sinusoidal":
-            # amplitude sqrt(2) init_std: each feature's root mean square matches the embeddings' std
+            # amplitude sqrt(2) init_std: a (sin, cos) pair has the expected norm of two embedding entries
             features = sinusoidal_positions(index, self.config.d_model, self.config.attention.rope_theta)
             x = x + math.sqrt(2.0) * self.config.init_std * features
         x = x.astype(dtype)

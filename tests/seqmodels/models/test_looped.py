@@ -216,6 +216,12 @@ def test_bad_looped_config_is_refused_naming_the_key(looped, message):
         looped_config(**looped)
 
 
+def test_sinusoidal_positions_need_an_even_width():
+    with pytest.raises(ConfigError, match="model.looped.positions"):
+        ModelConfig(vocab_size=VOCAB_SIZE, d_model=33, num_heads=1, kind="looped",
+                    looped=LoopedConfig(positions="rope+sinusoidal"))
+
+
 def test_build_model_dispatches_on_kind():
     assert isinstance(build_model(looped_config()), LoopedModel)
     with pytest.raises(ConfigError, match="model.kind"):
