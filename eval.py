@@ -4,7 +4,8 @@ Loads the run's resolved config and its latest (or ``--step``) checkpoint, then 
 ``perplexity`` (held-out loss, perplexity and loss per position bucket, plus a PNG plot),
 ``recall`` (answer accuracy on held-out MQAR / selective-copying examples built from the run's
 ``data.seq_len`` and ``data.synthetic``: the run's own task, or both when it trained on text) and
-``cfl`` (accept/reject accuracy per language of ``data.cfl.languages`` and string length ``--lengths``).
+``cfl`` (accept/reject accuracy per language of ``data.cfl.languages`` and string length ``--lengths``,
+on ``--examples`` fresh strings per cell drawn with ``--cfl-seed``).
 Writes JSON to ``--out`` (default ``<run>/eval.json``) and prints it.
 """
 
@@ -29,6 +30,8 @@ def parse_args(argv):
     parser.add_argument("--max-batches", type=int, default=16)
     parser.add_argument("--lengths", default="16,32,48,64,96,128", help="cfl: string lengths to evaluate")
     parser.add_argument("--examples", type=int, default=256, help="cfl: strings per language and length")
+    parser.add_argument("--cfl-seed", type=int, default=1234,
+                        help="cfl: seed of the evaluation strings (benchmarks/cfl.py's --eval-seed default is 1234)")
     parser.add_argument("--out", help="JSON path (default: <run>/eval.json)")
     return parser.parse_args(argv)
 
@@ -60,7 +63,8 @@ def main(argv=None) -> int:
             from seqmodels.evaluation.cfl import evaluate_cfl
             lengths = [int(n) for n in args.lengths.split(",")]
             results["cfl"] = evaluate_cfl(model, config.data.cfl.languages, lengths, num_examples=args.examples,
-                                          batch_size=args.batch_size)
+                                          seed=args.cfl_seed, batch_size=args.batch_size)
+            results["cfl_seed"] = args.cfl_seed
     except (ConfigError, DataError, CheckpointError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

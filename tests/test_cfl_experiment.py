@@ -33,10 +33,12 @@ def test_train_py_trains_the_looped_model_on_the_cfl_config_and_eval_py_scores_i
     assert abs(losses[0] - math.log(2)) < 0.1
     assert sum(losses[-10:]) / 10 < math.log(2) - 0.05
     evaluate = subprocess.run([sys.executable, "eval.py", "--run", str(run_dir), "--suites", "cfl", "--lengths", "4,8",
-                               "--examples", "16", "--batch-size", "16"], cwd=ROOT, env=single_device_env(),
-                              capture_output=True, text=True, timeout=600)
+                               "--examples", "16", "--batch-size", "16", "--cfl-seed", "7"], cwd=ROOT,
+                              env=single_device_env(), capture_output=True, text=True, timeout=600)
     assert evaluate.returncode == 0, evaluate.stderr[-3000:]
-    result = json.loads((run_dir / "eval.json").read_text())["cfl"]
+    report = json.loads((run_dir / "eval.json").read_text())
+    assert report["cfl_seed"] == 7
+    result = report["cfl"]
     assert set(result) == {"dyck1", "anbn_cmdm"}
     assert all(0.0 <= cell["accuracy"] <= 1.0 and cell["examples"] == 16
                for cells in result.values() for cell in cells.values())
