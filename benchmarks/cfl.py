@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 VARIANTS = ("looped", "looped_padded", "fixed_params", "fixed_compute")
 DEFAULT_VARIANTS = ("looped", "looped_padded", "fixed_compute")
-SINGLE_THREAD_FLAGS = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+SINGLE_THREAD_FLAGS = "--xla_cpu_multi_thread_eigen=false"
 
 
 def variant_overrides(name: str, base) -> list[str]:
@@ -126,14 +126,20 @@ def run_worker(args) -> int:
     return 0
 
 
+def worker_env(cache: Path) -> dict[str, str]:
+    """A worker's environment: single-threaded XLA, then the caller's ``XLA_FLAGS`` (a later flag wins, so
+    e.g. ``--xla_force_host_platform_device_count=2`` gives each worker two devices), a shared compilation cache."""
+    flags = f"{SINGLE_THREAD_FLAGS} {os.environ.get('XLA_FLAGS', '')}".strip()
+    return dict(os.environ, XLA_FLAGS=flags, PYTHONUNBUFFERED="1",
+                JAX_COMPILATION_CACHE_DIR=str(cache), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+
+
 def launch(args, names: list[str]) -> dict:
     """Run one worker process per variant, ``args.jobs`` at a time; return their results."""
     import shutil
     cache = Path(args.runs) / "compilation_cache"  # shared by the workers, emptied so that timings start cold
     shutil.rmtree(cache, ignore_errors=True)
-    flags = f"{SINGLE_THREAD_FLAGS} {os.environ.get('XLA_FLAGS', '')}".strip()  # the caller's flags come last
-    env = dict(os.environ, XLA_FLAGS=flags, PYTHONUNBUFFERED="1",
-               JAX_COMPILATION_CACHE_DIR=str(cache), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+    env = worker_env(cache)
     pending, running, failed = list(names), {}, []
     Path(args.runs).mkdir(parents=True, exist_ok=True)
     while pending or running:

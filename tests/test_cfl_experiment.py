@@ -64,3 +64,15 @@ def test_benchmark_driver_writes_accuracy_per_language_length_and_variant(tmp_pa
     table = (out / "cfl.md").read_text()
     assert "| dyck1 | looped |" in table and "| anbn_cmdm | fixed_compute |" in table and "12*" in table
     assert (out / "cfl.png").stat().st_size > 10_000
+
+
+def test_benchmark_workers_are_single_threaded_and_keep_the_callers_xla_flags(tmp_path, monkeypatch):
+    from benchmarks import cfl
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
+    env = cfl.worker_env(tmp_path / "cache")
+    assert env["XLA_FLAGS"].startswith(cfl.SINGLE_THREAD_FLAGS) and env["JAX_COMPILATION_CACHE_DIR"].endswith("cache")
+    # A token XLA cannot parse (once a bare "intra_op_parallelism_threads=1") drops the flags after it.
+    probe = subprocess.run([sys.executable, "-c", "import jax; print(jax.device_count())"],
+                           env=dict(env, JAX_PLATFORMS="cpu"), capture_output=True, text=True, timeout=300)
+    assert probe.returncode == 0, probe.stderr[-2000:]
+    assert probe.stdout.split()[-1] == "2"
