@@ -79,7 +79,11 @@ class Checkpointer:
                 + "; ".join(diffs) + ". Use another train.run_dir, or the model config it was trained with.")
 
     def restore_params(self, step: int, abstract_params):
-        args = ocp.args.Composite(params=ocp.args.StandardRestore(_abstract(abstract_params)))
+        """The parameters alone, on this process's first device whatever mesh saved them: a run trained on
+        many devices loads for evaluation or export on one (orbax would otherwise ask for the saving devices)."""
+        device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), abstract_params)
+        args = ocp.args.Composite(params=ocp.args.StandardRestore(target))
         return self.manager.restore(step, args=args).params
 
     def restore(self, step: int, abstract_state: dict, data_iterator) -> dict:

@@ -18,8 +18,8 @@ from seqmodels.training.loop import TrainingDiverged, train
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def run_train_process(overrides):
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu")
+def run_train_process(overrides, devices=1):
+    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu")
     result = subprocess.run([sys.executable, str(ROOT / "train.py"), *overrides], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -54,6 +54,34 @@ def test_resume_after_process_exit_reproduces_the_uninterrupted_run_bitwise(tmp_
     step_b, params_b = final_params(resumed)
     assert step_a == step_b == 20
     jax.tree.map(np.testing.assert_array_equal, params_a, params_b)
+
+
+LOAD_ON_ONE_DEVICE = """
+import sys
+import jax, numpy as np
+from flax import nnx
+from seqmodels.evaluation.loading import load_run
+_, model, step = load_run(sys.argv[1])
+leaves = jax.tree.leaves(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
+np.savez(sys.argv[2], step=step, devices=jax.device_count(), *[np.asarray(leaf) for leaf in leaves])
+"""
+
+
+def test_a_run_trained_on_two_devices_loads_for_evaluation_on_one(tmp_path, tiny_corpus):
+    run_dir = tmp_path / "two_devices"
+    run = run_train_process(tiny_overrides(run_dir, tiny_corpus, train__steps=5), devices=2)
+    assert "mesh {'data': 2" in run.stdout + run.stderr
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu")
+    loaded = subprocess.run([sys.executable, "-c", LOAD_ON_ONE_DEVICE, str(run_dir), str(tmp_path / "one.npz")],
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert loaded.returncode == 0, loaded.stderr[-3000:]
+    one = np.load(tmp_path / "one.npz")
+    assert int(one["step"]) == 5 and int(one["devices"]) == 1
+    step, params = final_params(run_dir)  # this process has 8 devices, the two that saved among them
+    leaves = jax.tree.leaves(params)
+    assert step == 5 and len(leaves) == len(one.files) - 2
+    for index, leaf in enumerate(leaves):
+        np.testing.assert_array_equal(np.asarray(leaf), one[f"arr_{index}"])
 
 
 def test_loss_falls_and_metrics_are_written(tmp_path, tiny_corpus):
