@@ -33,12 +33,12 @@ import numpy as np
 from seqmodels.config import CflDataConfig, ConfigError, DataConfig
 from seqmodels.data.cfl import LANGUAGES, check_language, sample, sample_string, valid_lengths
 from seqmodels.data.cfl_recognisers import RECOGNISERS
+from seqmodels.special_tokens import ACCEPT_ID, CFL_FIXED_IDS, CLS_ID, EMPTY_ID, PAD_ID, REJECT_ID  # noqa: F401
 
-EMPTY_ID, PAD_ID, CLS_ID, REJECT_ID, ACCEPT_ID = range(5)
-BOS_IDS = {name: 5 + i for i, name in enumerate(LANGUAGES)}
+BOS_IDS = {name: CFL_FIXED_IDS + i for i, name in enumerate(LANGUAGES)}
 SYMBOLS = "()[]ab#cd01&|!"
-SYMBOL_IDS = {symbol: 5 + len(BOS_IDS) + i for i, symbol in enumerate(SYMBOLS)}
-VOCAB_SIZE = 5 + len(BOS_IDS) + len(SYMBOLS)
+SYMBOL_IDS = {symbol: CFL_FIXED_IDS + len(BOS_IDS) + i for i, symbol in enumerate(SYMBOLS)}
+VOCAB_SIZE = CFL_FIXED_IDS + len(BOS_IDS) + len(SYMBOLS)
 
 _STREAM_LENGTH = 2**40  # examples per epoch of the (effectively endless) training stream
 

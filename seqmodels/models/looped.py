@@ -49,13 +49,13 @@ import optax
 from flax import nnx
 
 from seqmodels.config import LoopedConfig, ModelConfig
-from seqmodels.data.cfl_pipeline import ACCEPT_ID, REJECT_ID
 from seqmodels.layers.common import param
 from seqmodels.layers.norms import RMSNorm
 from seqmodels.layers.rotary import sinusoidal_positions
 from seqmodels.models.lm import REMAT_POLICIES
 from seqmodels.models.looped_block import LoopBlock, attention_mask, block_flops_per_position
 from seqmodels.sharding import constrain
+from seqmodels.special_tokens import ACCEPT_ID, REJECT_ID
 
 
 def num_loops(config: LoopedConfig, length: int) -> int:
