@@ -126,10 +126,6 @@ def lm_flops_per_token(config: ModelConfig, seq_len: int) -> float:
     return mixers + mlps + 2 * config.d_model * config.vocab_size
 
 
-def build_model(config: ModelConfig, *, seed: int = 0) -> LM:
-    return LM(config, rngs=nnx.Rngs(params=seed))
-
-
 @nnx.jit(static_argnames=("max_new_tokens", "temperature"))
 def _generate(model, prompt, rng, *, max_new_tokens: int, temperature: float):
     batch, prompt_len = prompt.shape
