@@ -25,6 +25,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 from pallas_kernels import _common
+from pallas_kernels._chunks import chunk_local_cumsum, pad_time
 from pallas_kernels.chunk_gla import reference, triton, xla
 
 __all__ = ["chunk_gla"]
@@ -74,7 +75,7 @@ def _pallas_padded(q, k, v, log_decay, initial_state, scale: float, chunk_size: 
 
 def _kernel_decays(log_decay, chunk_size):
     """Chunk-local cumulative log decays in the kernels' layout: [B, H, T] per head, [B, T, H, K] per channel."""
-    cum_decay = xla.chunk_cumsum(log_decay, chunk_size)
+    cum_decay = chunk_local_cumsum(log_decay, chunk_size)
     return cum_decay[..., 0].transpose(0, 2, 1) if log_decay.shape[-1] == 1 else cum_decay
 
 
@@ -113,7 +114,7 @@ def _pallas(q, k, v, log_decay, scale, initial_state, chunk_size):
     """Pad (differentiably) to the kernels' shapes, run, slice back."""
     steps, key_dim, value_dim = q.shape[1], q.shape[-1], v.shape[-1]
     key_size, value_size = _feature_size(key_dim), _feature_size(value_dim)
-    q, k, v, log_decay = (xla.pad_time(x, chunk_size) for x in (q, k, v, log_decay))
+    q, k, v, log_decay = (pad_time(x, chunk_size) for x in (q, k, v, log_decay))
     q, k = _pad_axis(q, 3, key_size), _pad_axis(k, 3, key_size)
     v = _pad_axis(v, 3, value_size)
     if log_decay.shape[-1] != 1:

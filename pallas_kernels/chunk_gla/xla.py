@@ -22,33 +22,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-
-def pad_time(x: jax.Array, chunk_size: int) -> jax.Array:
-    """Zero-pad axis 1 (time) to a multiple of ``chunk_size``: padded tokens have k = 0 and decay 1,
-    so they leave the state unchanged."""
-    pad = -x.shape[1] % chunk_size
-    if not pad:
-        return x
-    return jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
-
-
-def chunk_cumsum(log_decay: jax.Array, chunk_size: int) -> jax.Array:
-    """Float32 cumulative sum of ``[B, T, ...]`` log decays within each chunk of time (T padded)."""
-    batch, steps = log_decay.shape[:2]
-    chunks = log_decay.astype(jnp.float32).reshape(batch, steps // chunk_size, chunk_size, *log_decay.shape[2:])
-    return jnp.cumsum(chunks, axis=2).reshape(log_decay.shape)
-
-
-def _to_chunks(x: jax.Array, chunk_size: int) -> jax.Array:
-    """``[B, T, H, D] -> [B, H, N, C, D]``."""
-    batch, steps, heads, width = x.shape
-    return x.reshape(batch, steps // chunk_size, chunk_size, heads, width).transpose(0, 3, 1, 2, 4)
-
-
-def _from_chunks(x: jax.Array) -> jax.Array:
-    """``[B, H, N, C, D] -> [B, T, H, D]``."""
-    batch, heads, num_chunks, chunk_size, width = x.shape
-    return x.transpose(0, 2, 3, 1, 4).reshape(batch, num_chunks * chunk_size, heads, width)
+from pallas_kernels._chunks import chunk_local_cumsum, from_chunks, pad_time, to_chunks
 
 
 def intra_chunk_scores(q, k, cum_decay, scale: float) -> jax.Array:
@@ -81,8 +55,8 @@ def chunk_gla(q, k, v, log_decay, scale: float, initial_state, chunk_size: int):
     """``(o [B, T, H, V] float32, final_state [B, H, K, V] float32)``; ``log_decay: [B, T, H, 1 or K]``."""
     steps, dtype = q.shape[1], q.dtype
     q, k, v, log_decay = (pad_time(x, chunk_size) for x in (q, k, v, log_decay))
-    cum_decay = _to_chunks(chunk_cumsum(log_decay, chunk_size), chunk_size)  # [B, H, N, C, 1 or K]
-    q, k, v = (_to_chunks(x, chunk_size) for x in (q, k, v))
+    cum_decay = to_chunks(chunk_local_cumsum(log_decay, chunk_size), chunk_size)  # [B, H, N, C, 1 or K]
+    q, k, v = (to_chunks(x, chunk_size) for x in (q, k, v))
     last = cum_decay[..., -1:, :]
     q_decayed = (q * jnp.exp(cum_decay)).astype(dtype)
     k_to_end = (k * jnp.exp(last - cum_decay)).astype(dtype)
@@ -92,5 +66,5 @@ def chunk_gla(q, k, v, log_decay, scale: float, initial_state, chunk_size: int):
     chunk_kv = jnp.einsum("...sk,...sv->...kv", k_to_end, v, preferred_element_type=jnp.float32)
     states, final_state = _state_recurrence(jnp.exp(last[..., 0, :]), chunk_kv, initial_state.astype(jnp.float32))
     o_inter = jnp.einsum("...tk,...kv->...tv", q_decayed, states.astype(dtype), preferred_element_type=jnp.float32)
-    o = _from_chunks(o_intra + scale * o_inter)
+    o = from_chunks(o_intra + scale * o_inter)
     return o[:, :steps], final_state

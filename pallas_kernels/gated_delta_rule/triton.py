@@ -58,7 +58,7 @@ from jax.experimental import pallas as pl
 from pallas_kernels.gated_delta_rule import _kernel_math as km
 from pallas_kernels.gated_delta_rule import _specs
 from pallas_kernels.gated_delta_rule import triton_backward
-from pallas_kernels.gated_delta_rule._chunking import chunk_local_cumsum, pad_time
+from pallas_kernels._chunks import chunk_local_cumsum, pad_time
 from pallas_kernels.gated_delta_rule._specs import KernelConfig
 
 _F32 = jnp.float32

@@ -38,39 +38,16 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.gated_delta_rule._chunking import chunk_local_cumsum, pad_time
+from pallas_kernels._chunks import chunk_local_cumsum, decay_matrix, from_chunks, pad_time, to_chunks
 
 _HIGHEST = jax.lax.Precision.HIGHEST
-
-
-def _to_chunks(x, chunk_size):
-    """``[B, T, H, ...] -> [B, H, N, C, ...]`` with ``N = T / C`` (T already padded)."""
-    batch, length, heads = x.shape[:3]
-    x = x.reshape(batch, length // chunk_size, chunk_size, heads, *x.shape[3:])
-    return jnp.moveaxis(x, 3, 1)
-
-
-def _from_chunks(x):
-    """``[B, H, N, C, D] -> [B, N * C, H, D]``."""
-    batch, heads, num, chunk, dim = x.shape
-    return jnp.moveaxis(x, 1, 3).reshape(batch, num * chunk, heads, dim)
-
-
-def _decay_matrix(gamma, strict: bool):
-    """``exp(gamma_i - gamma_j)`` on ``j < i`` (strict) or ``j <= i``, exactly 0 elsewhere."""
-    size = gamma.shape[-1]
-    rows = jnp.arange(size)[:, None]
-    cols = jnp.arange(size)[None, :]
-    mask = rows > cols if strict else rows >= cols
-    diff = gamma[..., :, None] - gamma[..., None, :]
-    return jnp.exp(jnp.where(mask, diff, -jnp.inf))
 
 
 def ut_transform(k, v, beta, gamma):
     """``W = T diag(beta e^gamma) K`` and ``U~ = T diag(beta) V`` per chunk; ``[B, H, N, C, *]``."""
     size = k.shape[-2]
     kk = jnp.einsum("...ik,...jk->...ij", k, k, precision=_HIGHEST)
-    a = beta[..., :, None] * kk * _decay_matrix(gamma, strict=True)
+    a = beta[..., :, None] * kk * decay_matrix(gamma, strict=True)
     rhs = jnp.concatenate([(beta * jnp.exp(gamma))[..., None] * k, beta[..., None] * v], axis=-1)
     eye = jnp.eye(size, dtype=a.dtype)
     solved = jax.lax.linalg.triangular_solve(
@@ -102,7 +79,7 @@ def _chunk_outputs(q, k, v_new, states, gamma, scale):
         "bhnck,bhnkv->bhncv", q * jnp.exp(gamma)[..., None], states, precision=_HIGHEST
     )
     scores = jnp.einsum("...ik,...jk->...ij", q, k, precision=_HIGHEST)
-    scores = scores * _decay_matrix(gamma, strict=False)
+    scores = scores * decay_matrix(gamma, strict=False)
     intra = jnp.einsum("...ij,...jv->...iv", scores, v_new, precision=_HIGHEST)
     return scale * (from_state + intra)
 
@@ -120,10 +97,10 @@ def gated_delta_rule_xla(
         initial_state = jnp.zeros((batch, heads, key_dim, value_dim), f32)
     padded = [pad_time(x.astype(f32), chunk_size) for x in (q, k, v, beta, log_decay)]
     q_p, k_p, v_p, beta_p, log_decay_p = padded
-    gamma = _to_chunks(chunk_local_cumsum(log_decay_p, chunk_size), chunk_size)
-    q_c, k_c, v_c = (_to_chunks(x, chunk_size) for x in (q_p, k_p, v_p))
-    beta_c = _to_chunks(beta_p, chunk_size)
+    gamma = to_chunks(chunk_local_cumsum(log_decay_p, chunk_size), chunk_size)
+    q_c, k_c, v_c = (to_chunks(x, chunk_size) for x in (q_p, k_p, v_p))
+    beta_c = to_chunks(beta_p, chunk_size)
     w, u = ut_transform(k_c, v_c, beta_c, gamma)
     states, v_new, final_state = _scan_chunks(k_c, w, u, gamma, initial_state.astype(f32))
     o = _chunk_outputs(q_c, k_c, v_new, states, gamma, scale)
-    return _from_chunks(o)[:, :length].astype(q.dtype), final_state
+    return from_chunks(o)[:, :length].astype(q.dtype), final_state
