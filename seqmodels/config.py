@@ -3,45 +3,19 @@
 A run is described by one ``Config`` (sections ``model``, ``data``, ``optim``, ``train``, ``mesh``,
 ``checkpoint``, ``log``). ``seqmodels.config_io.load_config`` builds it from a YAML file that states
 only what differs from these defaults, plus dotted command-line overrides (``train.steps=20``).
-Every section validates its values in ``__post_init__`` and raises ``ConfigError`` naming the field.
+Every section validates its values in ``__post_init__`` and raises ``ConfigError`` naming the field;
+a field that takes one of a fixed set of strings is typed ``Literal[...]`` and checked by its type.
+The mixers' sections live in ``seqmodels.config_mixers``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
-from seqmodels.config_base import ConfigError, _require, _require_at_least, describe
+from seqmodels.config_base import ConfigError, _require, _require_at_least, _require_choices, describe
 from seqmodels.config_mixers import (  # noqa: F401  (sections of ModelConfig, re-exported here)
-    AtlasConfig, DeltaNetConfig, LoopedConfig, Mamba2Config, MuonSSMConfig)
-
-
-@dataclass(frozen=True)
-class AttentionConfig:
-    """Settings shared by the attention mixers (``attention`` and ``swa``)."""
-
-    num_kv_heads: int = describe("key/value heads (grouped-query attention); 0 = model.num_heads", 0)
-    rope_theta: float = describe("rotary embedding base", 10000.0)
-    qk_norm: bool = describe("RMS-normalise queries and keys per head before the dot product", False)
-    implementation: str = describe("dot_product_attention backend: auto | xla | cudnn", "auto")
-    conv_kernel: int = describe("width of a short causal depthwise convolution over q, k, v; 0 = none", 0)
-
-    def __post_init__(self):
-        _require(self.num_kv_heads >= 0, "model.attention.num_kv_heads", "must be >= 0")
-        _require(self.conv_kernel >= 0, "model.attention.conv_kernel", f"must be >= 0, got {self.conv_kernel}")
-        _require(self.rope_theta > 0, "model.attention.rope_theta", "must be > 0")
-        _require(self.implementation in ("auto", "xla", "cudnn"), "model.attention.implementation",
-                 f"must be auto, xla or cudnn, got {self.implementation!r}")
-
-
-@dataclass(frozen=True)
-class SlidingWindowConfig:
-    """The ``swa`` mixer: causal attention over the last ``window`` tokens plus ``num_sinks`` sink tokens."""
-
-    window: int = describe("tokens each query sees, itself included", 256)
-    num_sinks: int = describe("first tokens of each document every query also sees (attention sinks)", 0)
-
-    def __post_init__(self):
-        _require_at_least(self, "model.swa", window=1, num_sinks=0)
+    AtlasConfig, AttentionConfig, DeltaNetConfig, LoopedConfig, Mamba2Config, MuonSSMConfig, SlidingWindowConfig)
 
 
 @dataclass(frozen=True)
@@ -59,11 +33,11 @@ class ModelConfig:
     norm_eps: float = describe("RMSNorm epsilon", 1e-6)
     tie_embeddings: bool = describe("share the input embedding with the output head", True)
     max_seq_len: int = describe("longest sequence the model accepts (training rows and decoding)", 4096)
-    compute_dtype: str = describe("activation / matmul dtype: float32 | bfloat16 (params stay float32)",
-                                  "float32")
-    kernel_impl: str = describe(
-        "pallas_kernels implementation for recurrent mixers: auto | xla | pallas | reference", "auto")
-    remat: str = describe("rematerialisation per layer: none | full | dots | names", "none")
+    compute_dtype: Literal["float32", "bfloat16"] = describe("activation / matmul dtype (params stay float32)",
+                                                             "float32")
+    kernel_impl: Literal["auto", "xla", "pallas", "reference"] = describe(
+        "pallas_kernels implementation for recurrent mixers", "auto")
+    remat: Literal["none", "full", "dots", "names"] = describe("rematerialisation per layer", "none")
     init_std: float = describe("standard deviation of the normal initialiser of weights", 0.02)
     attention: AttentionConfig = describe("attention settings", factory=AttentionConfig)
     swa: SlidingWindowConfig = describe("sliding-window attention settings", factory=SlidingWindowConfig)
@@ -71,12 +45,12 @@ class ModelConfig:
     mamba2: Mamba2Config = describe("Mamba2 (SSD) settings", factory=Mamba2Config)
     deltanet: DeltaNetConfig = describe("DeltaNet / Gated DeltaNet settings", factory=DeltaNetConfig)
     muonssm: MuonSSMConfig = describe("MuonSSM settings (muonssm_* mixers)", factory=MuonSSMConfig)
-    kind: str = describe("lm (decoder LM over model.mixers) | looped (looped padded transformer, model.looped)",
-                         "lm")
+    kind: Literal["lm", "looped"] = describe(
+        "lm (decoder LM over model.mixers) | looped (looped padded transformer, model.looped)", "lm")
     looped: LoopedConfig = describe("looped padded transformer settings", factory=LoopedConfig)
 
     def __post_init__(self):
-        _require(self.kind in ("lm", "looped"), "model.kind", f"must be lm or looped, got {self.kind!r}")
+        _require_choices(self, "model")
         _require_at_least(self, "model", vocab_size=1, d_model=1, num_heads=1, max_seq_len=1, d_ff=0)
         _require(self.d_model % self.num_heads == 0, "model.d_model",
                  f"{self.d_model} is not divisible by model.num_heads={self.num_heads}")
@@ -84,12 +58,6 @@ class ModelConfig:
         _require(self.num_heads % kv_heads == 0, "model.attention.num_kv_heads",
                  f"{kv_heads} does not divide model.num_heads={self.num_heads}")
         _require(len(self.mixers) >= 1, "model.mixers", "needs at least one layer")
-        _require(self.compute_dtype in ("float32", "bfloat16"), "model.compute_dtype",
-                 f"must be float32 or bfloat16, got {self.compute_dtype!r}")
-        _require(self.kernel_impl in ("auto", "xla", "pallas", "reference"), "model.kernel_impl",
-                 f"must be auto, xla, pallas or reference, got {self.kernel_impl!r}")
-        _require(self.remat in ("none", "full", "dots", "names"), "model.remat",
-                 f"must be none, full, dots or names, got {self.remat!r}")
         _require(self.init_std > 0, "model.init_std", "must be > 0")
         _require(self.atlas.poly_degree == 1 or self.atlas.poly_key_dim <= self.head_dim, "model.atlas.poly_key_dim",
                  f"{self.atlas.poly_key_dim} exceeds the head dimension d_model / num_heads = {self.head_dim}")
@@ -189,12 +157,12 @@ class CflDataConfig:
 class DataConfig:
     """Where tokens come from and how they are packed into rows."""
 
-    source: str = describe("stdlib (Python's own source files, on every machine) | text_files | arrayrecord"
-                           " | mqar | selective_copy (generated, data.synthetic) | needle (generated"
-                           " needle-in-a-haystack rows, data.needle_*) | cfl (context-free languages, data.cfl)",
-                           "stdlib")
+    source: str = describe("a source registered in seqmodels.data.sources: stdlib (Python's own source files, on"
+                           " every machine) | text_files | arrayrecord | mqar | selective_copy (generated,"
+                           " data.synthetic) | needle (generated needle-in-a-haystack rows, data.needle_*) | cfl"
+                           " (context-free languages, data.cfl)", "stdlib")
     path: str = describe("glob of text files (text_files) or ArrayRecord shards (arrayrecord)", "")
-    tokenizer: str = describe("byte (UTF-8 bytes + begin- and end-of-document tokens)", "byte")
+    tokenizer: Literal["byte"] = describe("byte: UTF-8 bytes + begin- and end-of-document tokens", "byte")
     seq_len: int = describe("tokens per training row", 256)
     heldout_fraction: float = describe("share of documents held out for evaluation (chosen by hash)", 0.02)
     max_documents: int = describe("use at most this many documents; 0 = all", 0)
@@ -208,15 +176,13 @@ class DataConfig:
                                   factory=CflDataConfig)
 
     def __post_init__(self):
-        sources = ("stdlib", "text_files", "arrayrecord", "needle", "cfl") + SYNTHETIC_TASKS
-        _require(self.source in sources, "data.source", f"must be one of {', '.join(sources)}, got {self.source!r}")
+        # data.source names a registered source: the registry (seqmodels.data.sources) refuses an unknown one, and
+        # a source's own needs (text_files: data.path) are its `check`. What is checked here is checked at load.
+        _require_choices(self, "data")
         self.synthetic.check_fits(self.source, self.seq_len)
         _require(self.source != "cfl" or self.seq_len >= self.cfl.max_length + 2, "data.seq_len",
                  f"{self.seq_len} cannot hold [BOS] + data.cfl.max_length={self.cfl.max_length} symbols + [CLS]; "
                  f"set data.seq_len >= {self.cfl.max_length + 2}")
-        _require(self.source in ("stdlib", "needle", "cfl") + SYNTHETIC_TASKS or bool(self.path), "data.path",
-                 f"data.source={self.source} needs data.path (a glob of files)")
-        _require(self.tokenizer == "byte", "data.tokenizer", f"must be byte, got {self.tokenizer!r}")
         _require(self.seq_len >= 1, "data.seq_len", f"must be >= 1, got {self.seq_len}")
         _require(0.0 < self.heldout_fraction < 1.0, "data.heldout_fraction",
                  f"must be in (0, 1), got {self.heldout_fraction}")
@@ -235,10 +201,11 @@ class DataConfig:
 class OptimConfig:
     """Optimizer and learning-rate schedule (linear warm-up, then cosine/linear decay or constant)."""
 
-    name: str = describe("adamw | muon", "adamw")
+    name: Literal["adamw", "muon"] = describe(
+        "adamw, or muon: Muon on the projections of the residual stream, AdamW on the rest", "adamw")
     learning_rate: float = describe("peak learning rate", 3e-3)
     warmup_steps: int = describe("linear warm-up steps from 0 to the peak", 50)
-    schedule: str = describe("after warm-up: cosine | linear | constant", "cosine")
+    schedule: Literal["cosine", "linear", "constant"] = describe("learning-rate decay after warm-up", "cosine")
     min_lr_ratio: float = describe("final learning rate as a fraction of the peak", 0.1)
     weight_decay: float = describe("decoupled weight decay (not applied to norms, biases, embeddings)", 0.1)
     b1: float = describe("Adam beta1", 0.9)
@@ -252,11 +219,9 @@ class OptimConfig:
         "muon: peak learning rate of the AdamW group (embeddings, head, norms, biases); 0 = learning_rate", 0.0)
 
     def __post_init__(self):
-        _require(self.name in ("adamw", "muon"), "optim.name", f"must be adamw or muon, got {self.name!r}")
+        _require_choices(self, "optim")
         _require(self.learning_rate > 0, "optim.learning_rate", "must be > 0")
         _require(self.warmup_steps >= 0, "optim.warmup_steps", "must be >= 0")
-        _require(self.schedule in ("cosine", "linear", "constant"), "optim.schedule",
-                 f"must be cosine, linear or constant, got {self.schedule!r}")
         _require(0.0 <= self.min_lr_ratio <= 1.0, "optim.min_lr_ratio", "must be in [0, 1]")
         _require(self.weight_decay >= 0, "optim.weight_decay", "must be >= 0")
         _require(0.0 <= self.b1 < 1.0 and 0.0 <= self.b2 < 1.0, "optim.b1/b2", "must be in [0, 1)")
@@ -321,14 +286,13 @@ class LogConfig:
 
     every_steps: int = describe("write metrics every this many steps", 10)
     tensorboard: bool = describe("write TensorBoard event files under run_dir/tb", True)
-    progress: str = describe("progress bar: auto (on a terminal) | always | never", "auto")
+    progress: Literal["auto", "always", "never"] = describe("progress bar; auto: only on a terminal", "auto")
     peak_flops_per_device: float = describe(
         "peak FLOP/s of one device for MFU; 0 = known table, or measured matmul rate on CPU", 0.0)
 
     def __post_init__(self):
+        _require_choices(self, "log")
         _require(self.every_steps >= 1, "log.every_steps", "must be >= 1")
-        _require(self.progress in ("auto", "always", "never"), "log.progress",
-                 f"must be auto, always or never, got {self.progress!r}")
         _require(self.peak_flops_per_device >= 0, "log.peak_flops_per_device", "must be >= 0")
 
 

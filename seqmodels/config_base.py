@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+import typing
 from dataclasses import field
 
 
@@ -27,3 +29,35 @@ def _require_at_least(section, prefix: str, **lows) -> None:
     for key, low in lows.items():
         value = getattr(section, key)
         _require(value >= low, f"{prefix}.{key}", f"must be >= {low}, got {value}")
+
+
+def literal_choices(annotation) -> tuple | None:
+    """The allowed values of a ``Literal[...]`` annotation, or None for any other annotation."""
+    return typing.get_args(annotation) if typing.get_origin(annotation) is typing.Literal else None
+
+
+def is_choice(value, choices: tuple) -> bool:
+    """``value`` is one of ``choices``, of the same type (so ``True`` is not the choice ``1``)."""
+    return any(type(value) is type(choice) and value == choice for choice in choices)
+
+
+def choice_error(key: str, value, choices: tuple) -> ConfigError:
+    """``{key}: must be a, b or c, got 'd'``."""
+    names = [str(choice) for choice in choices]
+    listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+    return ConfigError(f"{key}: must be {listed}, got {value!r}")
+
+
+@functools.cache
+def _choice_fields(cls) -> tuple[tuple[str, tuple], ...]:
+    hints = typing.get_type_hints(cls)
+    return tuple((f.name, choices) for f in dataclasses.fields(cls)
+                 if (choices := literal_choices(hints[f.name])) is not None)
+
+
+def _require_choices(section, prefix: str) -> None:
+    """Every ``Literal[...]`` field of ``section`` holds one of its values (the type is the check)."""
+    for name, choices in _choice_fields(type(section)):
+        value = getattr(section, name)
+        if not is_choice(value, choices):
+            raise choice_error(f"{prefix}.{name}", value, choices)

@@ -3,7 +3,8 @@
 ``load_config("configs/x.yaml", ["train.steps=20", "model.mixers=[swa, attention] * 4"])`` starts
 from the dataclass defaults, applies the YAML (which states only what differs), then the overrides.
 An unknown key, a key given twice, or a value of the wrong type raises ``ConfigError`` naming the
-key and, for unknown keys, the nearest valid ones.
+key and, for unknown keys, the nearest valid ones; a ``Literal[...]`` field refuses a value outside
+its type's choices, listing them.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 import yaml
 
 from seqmodels.config import Config, ConfigError
+from seqmodels.config_base import choice_error, is_choice, literal_choices
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -85,6 +87,11 @@ def _coerce(key: str, annotation, value):
     origin = typing.get_origin(annotation)
     if key == "model.mixers":
         return parse_mixers(value)
+    choices = literal_choices(annotation)
+    if choices is not None:
+        if not is_choice(value, choices):
+            raise choice_error(key, value, choices)
+        return value
     if origin in (typing.Union, types.UnionType):
         for option in typing.get_args(annotation):
             if option is type(None):
@@ -230,5 +237,7 @@ def help_text(cls=Config, prefix: str = "") -> str:
             lines.append(help_text(hints[f.name], key + "."))
         else:
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            lines.append(f"{key} = {default!r}  # {f.metadata.get('help', '')}")
+            choices = literal_choices(hints[f.name])
+            listed = f" (one of: {' | '.join(map(str, choices))})" if choices else ""
+            lines.append(f"{key} = {default!r}  # {f.metadata.get('help', '')}{listed}")
     return "\n".join(lines)

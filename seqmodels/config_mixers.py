@@ -1,19 +1,53 @@
-"""Configuration sections of the recurrent and memory mixers and of the looped model.
+"""Configuration sections of the mixers and of the looped model: every mixer's section lives here.
 
-``model.mamba2``, ``model.deltanet``, ``model.muonssm``, ``model.atlas`` and ``model.looped``; each
-validates its values in ``__post_init__`` and raises ``ConfigError`` naming the field. They are
-sections of ``seqmodels.config.ModelConfig`` and are re-exported there.
+``model.attention``, ``model.swa``, ``model.mamba2``, ``model.deltanet``, ``model.muonssm``,
+``model.atlas`` and ``model.looped``; each validates its values in ``__post_init__`` and raises
+``ConfigError`` naming the field (a ``Literal[...]`` field by its type). They are sections of
+``seqmodels.config.ModelConfig`` and are re-exported there.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
-from seqmodels.config_base import _require, _require_at_least, describe
+from seqmodels.config_base import _require, _require_at_least, _require_choices, describe
+
+NsCoefficients = Literal["muon", "polar_express"]  # Newton-Schulz polynomial schedules (pallas_kernels.newton_schulz)
 
 
 def _is_chunk_size(value: int) -> bool:
     return value >= 16 and value & (value - 1) == 0
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    """Settings shared by the attention mixers (``attention`` and ``swa``)."""
+
+    num_kv_heads: int = describe("key/value heads (grouped-query attention); 0 = model.num_heads", 0)
+    rope_theta: float = describe("rotary embedding base", 10000.0)
+    qk_norm: bool = describe("RMS-normalise queries and keys per head before the dot product", False)
+    implementation: Literal["auto", "xla", "cudnn"] = describe("dot_product_attention backend", "auto")
+    conv_kernel: int = describe("width of a short causal depthwise convolution over q, k, v; 0 = none", 0)
+    causal: bool = describe("causal (a query sees keys up to itself) or bidirectional (every key of its segment); "
+                            "the looped model sets it from model.looped.attention", True)
+
+    def __post_init__(self):
+        _require_choices(self, "model.attention")
+        _require(self.num_kv_heads >= 0, "model.attention.num_kv_heads", "must be >= 0")
+        _require(self.conv_kernel >= 0, "model.attention.conv_kernel", f"must be >= 0, got {self.conv_kernel}")
+        _require(self.rope_theta > 0, "model.attention.rope_theta", "must be > 0")
+
+
+@dataclass(frozen=True)
+class SlidingWindowConfig:
+    """The ``swa`` mixer: causal attention over the last ``window`` tokens plus ``num_sinks`` sink tokens."""
+
+    window: int = describe("tokens each query sees, itself included", 256)
+    num_sinks: int = describe("first tokens of each document every query also sees (attention sinks)", 0)
+
+    def __post_init__(self):
+        _require_at_least(self, "model.swa", window=1, num_sinks=0)
 
 
 @dataclass(frozen=True)
@@ -58,15 +92,14 @@ class MuonSSMConfig:
     gamma: float = describe("momentum decay gamma in [0, 1); 0 = no momentum", 0.9)
     tau: float = describe("scale tau > 0 of the conditioned injection", 1.0)
     ns_steps: int = describe("k: Newton-Schulz steps on each injection U_t; 0 = U_t unchanged", 1)
-    ns_coefficients: str = describe("Newton-Schulz polynomial schedule: muon | polar_express", "muon")
+    ns_coefficients: NsCoefficients = describe("Newton-Schulz polynomial schedule", "muon")
     ns_eps: float = describe("epsilon of the Newton-Schulz input normalisation U / (||U||_F + eps)", 1e-7)
 
     def __post_init__(self):
+        _require_choices(self, "model.muonssm")
         _require(0.0 <= self.gamma < 1.0, "model.muonssm.gamma", f"must be in [0, 1), got {self.gamma}")
         _require(self.tau > 0, "model.muonssm.tau", f"must be > 0, got {self.tau}")
         _require(self.ns_steps >= 0, "model.muonssm.ns_steps", f"k must be >= 0, got {self.ns_steps}")
-        _require(self.ns_coefficients in ("muon", "polar_express"), "model.muonssm.ns_coefficients",
-                 f"must be muon or polar_express, got {self.ns_coefficients!r}")
         _require(self.ns_eps > 0, "model.muonssm.ns_eps", f"must be > 0, got {self.ns_eps}")
 
 
@@ -80,7 +113,7 @@ class AtlasConfig:
     poly_degree: int = describe("degree p of the polynomial feature map of keys and queries (1 = identity)", 2)
     poly_key_dim: int = describe("key coordinates entering the degree >= 2 features (their count is r^i)", 8)
     ns_steps: int = describe("Newton-Schulz steps k applied to the momentum (0 = off: plain momentum)", 5)
-    ns_coefficients: str = describe("Newton-Schulz schedule: muon | polar_express", "muon")
+    ns_coefficients: NsCoefficients = describe("Newton-Schulz polynomial schedule", "muon")
     memory_depth: int = describe("memory: 1 = a matrix (linear), 2 = a 2-layer MLP with a residual", 2)
     memory_expansion: int = describe("hidden width of the MLP memory, in multiples of the head dimension", 2)
     conv_size: int = describe("short causal convolution over q, k, v (1 = pointwise)", 4)
@@ -94,7 +127,7 @@ class AtlasConfig:
         factory=lambda: (0.0, 0.05))
     gamma_range: tuple[float, ...] = describe("[low, high] of the per-token window weight gamma_t, within [0, 1]",
                                               factory=lambda: (0.0, 1.0))
-    eta_scales: str = describe(
+    eta_scales: Literal["gradient", "update"] = describe(
         "where eta_t enters: gradient (S_t = theta S - eta G, M_t = alpha M + NS_k(S_t), the issue's rule) | update "
         "(S_t = theta S - G, M_t = alpha M + eta NS_k(S_t), Muon's learning rate): with ns_steps > 0 only update "
         "gives the memory a step size, since NS_k(S_t) has singular values ~1 whatever eta", "gradient")
@@ -103,16 +136,13 @@ class AtlasConfig:
         "memory update, so a chunk whose gradients overshoot (all taken at the chunk start) cannot blow up", 0.0)
 
     def __post_init__(self):
+        _require_choices(self, "model.atlas")
         _require_at_least(self, "model.atlas", window=1, chunk_size=1, memory_expansion=1, conv_size=1,
                           poly_key_dim=1)
         _require(1 <= self.poly_degree <= 4, "model.atlas.poly_degree", f"must be in [1, 4], got {self.poly_degree}")
         _require(0 <= self.ns_steps <= 10, "model.atlas.ns_steps", f"must be in [0, 10], got {self.ns_steps}")
-        _require(self.ns_coefficients in ("muon", "polar_express"), "model.atlas.ns_coefficients",
-                 f"must be muon or polar_express, got {self.ns_coefficients!r}")
         _require(self.memory_depth in (1, 2), "model.atlas.memory_depth",
                  f"must be 1 (linear memory) or 2 (MLP memory), got {self.memory_depth}")
-        _require(self.eta_scales in ("gradient", "update"), "model.atlas.eta_scales",
-                 f"must be gradient or update, got {self.eta_scales!r}")
         _require(self.grad_clip >= 0, "model.atlas.grad_clip", f"must be >= 0 (0 = off), got {self.grad_clip}")
         for name, upper in (("alpha", 1.0), ("theta", 1.0), ("eta", None), ("gamma", 1.0)):
             self._check_range(name, upper)
@@ -132,7 +162,7 @@ class LoopedConfig:
 
     prelude_layers: int = describe("distinct blocks before the loop (0-2)", 1)
     coda_layers: int = describe("distinct blocks after the loop (0-2)", 1)
-    loop_schedule: str = describe("log: loops(N) = ceil(loops_scale * log2 N) + loops_offset | fixed: fixed_loops",
+    loop_schedule: Literal["log", "fixed"] = describe("log: loops(N) = ceil(loops_scale * log2 N) + loops_offset | fixed: fixed_loops",
                                   "log")
     loops_scale: float = describe("c in loops(N) = ceil(c log2 N) + d", 1.0)
     loops_offset: int = describe("d in loops(N) = ceil(c log2 N) + d", 1)
@@ -143,22 +173,20 @@ class LoopedConfig:
     reinject: bool = describe("add the prelude output to the block input at every loop", True)
     padding_scale: float = describe("a in P(N) = ceil(a N^e) padding tokens before [CLS]; 0 = no padding", 0.0)
     padding_exponent: float = describe("e in P(N) = ceil(a N^e)", 1.0)
-    attention: str = describe("causal | bidirectional", "bidirectional")
-    positions: str = describe(
+    attention: Literal["causal", "bidirectional"] = describe(
+        "attention of every block over the padded layout", "bidirectional")
+    positions: Literal["rope", "rope+sinusoidal"] = describe(
         "rope: positions enter only through RoPE in attention | rope+sinusoidal: also fixed sinusoidal features of "
         "the padded-layout position added to the embeddings (absolute positions in the residual stream)", "rope")
+    mixer: str = describe("the registered mixer of the looped block (attention, gated_deltanet, ...)", "attention")
 
     def __post_init__(self):
+        _require_choices(self, "model.looped")
         for key in ("prelude_layers", "coda_layers"):
             value = getattr(self, key)
             _require(0 <= value <= 2, f"model.looped.{key}", f"must be 0, 1 or 2, got {value}")
-        _require(self.loop_schedule in ("log", "fixed"), "model.looped.loop_schedule",
-                 f"must be log or fixed, got {self.loop_schedule!r}")
         _require_at_least(self, "model.looped", loops_scale=0, fixed_loops=1)
         _require(self.share_weights or self.loop_schedule == "fixed", "model.looped.share_weights",
                  "false (distinct blocks) needs model.looped.loop_schedule=fixed")
         _require_at_least(self, "model.looped", padding_scale=0, padding_exponent=0)
-        _require(self.attention in ("causal", "bidirectional"), "model.looped.attention",
-                 f"must be causal or bidirectional, got {self.attention!r}")
-        _require(self.positions in ("rope", "rope+sinusoidal"), "model.looped.positions",
-                 f"must be rope or rope+sinusoidal, got {self.positions!r}")
+
