@@ -12,23 +12,23 @@ defaults 0.9, 1, 1). ``gamma = 0`` and ``k = 0`` (with ``tau = 1``) is the backb
 backbone's own kernel then runs). Both backbones inject rank 1 per token and head, ``U_t = k_t u_t^T``, so
 ``NS_k(U_t) = r_k(||U_t||_F) U_t`` with the scalar of ``momentum.conditioning.rank_one_scale`` (the
 closed form of ``pallas_kernels.newton_schulz`` on a rank-1 matrix; one singular value goes through
-the k polynomials). So ``W_t = k_t (tau r_k u_t)^T``: the momentum recurrences take rescaled values.
+the k polynomials). So ``W_t = k_t (tau r_k u_t)^T``: the momentum recurrences take rescaled values. The recurrences
+and the closed forms are the op ``pallas_kernels.momentum_scan``.
 
 - ``muonssm_mamba2``: the Mamba2 mixer (``mamba2.py``: same parameters, projections, conv, gate
   and norm) with ``A_t(S) = exp(Delta_t A) S`` per head, ``k_t = B_t``, ``u_t = Delta_t x_t``,
   ``q_t = C_t``, ``||U_t||_F = ||B_t|| |Delta_t| ||x_t||``. Training runs the chunked second-order
-  form of ``momentum.scalar_decay`` (within a chunk ``S = e^G S_in + mu M_in + (kappa o QK^T) V``,
+  form of ``momentum_scalar_decay`` (within a chunk ``S = e^G S_in + mu M_in + (kappa o QK^T) V``,
   ``kappa = L_G @ L_gamma``; no per-token states).
 - ``muonssm_gated_deltanet``: the Gated DeltaNet mixer (``deltanet.py``) with
   ``A_t(S) = exp(g_t)(I - beta_t k_t k_t^T) S``, ``U_t = beta_t k_t v_t^T``,
   ``||U_t||_F = beta_t ||k_t|| ||v_t||``. Training runs the chunked form of
-  ``momentum.delta_rule``: the delta rule's UT transform extended by the momentum input (M does not
+  ``momentum_delta_rule``: the delta rule's UT transform extended by the momentum input (M does not
   depend on S, so a parallel chunk form exists although the transition is not diagonal).
 
-Decoding runs the token recurrences (``*_reference``) one step per token from a cache holding the
-backbone's conv inputs, ``state`` and ``momentum`` (``[B, H, K, V]`` float32 each). The momentum
-forms are pure JAX (``model.kernel_impl=reference`` selects the token-by-token oracle; any other
-value the chunked form).
+Decoding runs the token recurrences (``impl="reference"``) one step per token from a cache holding
+the backbone's conv inputs, ``state`` and ``momentum`` (``[B, H, K, V]`` float32 each); training runs
+the op with ``impl=model.kernel_impl`` (``reference``: the token-by-token oracle).
 
 FLOPs per token (forward): the backbone's projections and convolutions (``mamba2_flops``,
 ``deltanet_flops``) plus, per head, with ``C`` = min(chunk_size, T):
@@ -44,11 +44,11 @@ import math
 
 import jax.numpy as jnp
 
+from pallas_kernels.momentum_scan import momentum_delta_rule, momentum_scalar_decay, rank_one_scale
+
 from seqmodels.layers.segments import reset_at_document_starts
 from seqmodels.mixers.deltanet import DeltaNet, deltanet_flops
 from seqmodels.mixers.mamba2 import Mamba2, mamba2_flops
-from seqmodels.mixers.momentum import (momentum_delta_rule, momentum_delta_rule_reference, momentum_scalar_decay,
-                                       momentum_scalar_decay_reference, rank_one_scale)
 from seqmodels.mixers.registry import register
 
 
@@ -69,15 +69,13 @@ class _Momentum:
         """``log gamma`` per token and head, -30 at document starts: float32 ``[B, T, H]``."""
         return reset_at_document_starts(jnp.full(shape, math.log(self.gamma), jnp.float32), segment_ids)
 
-    def run_momentum(self, chunked, reference, inputs, *, scale, segment_ids, cache):
-        """``(o, cache entries or None)`` from the chunked form, or the token recurrence when decoding one token."""
+    def run_momentum(self, scan, inputs, *, scale, segment_ids, cache):
+        """``(o, cache entries or None)`` of the momentum ``scan``; decoding one token runs its token recurrence."""
         log_momentum = self.log_momentum_decay(inputs[0].shape[:3], segment_ids)
         states = {} if cache is None else {"initial_state": cache["state"], "initial_momentum": cache["momentum"]}
         one_step = cache is not None and inputs[0].shape[1] == 1
-        if self.impl == "reference" or one_step:
-            o, state, momentum = reference(*inputs, log_momentum, scale=scale, **states)
-        else:
-            o, state, momentum = chunked(*inputs, log_momentum, scale=scale, chunk_size=self.chunk_size, **states)
+        impl = "reference" if one_step else self.impl
+        o, state, momentum = scan(*inputs, log_momentum, scale=scale, chunk_size=self.chunk_size, impl=impl, **states)
         return o, (None if cache is None else {"state": state, "momentum": momentum})
 
     def add_momentum_cache(self, cache: dict) -> dict:
@@ -102,7 +100,7 @@ class MuonSSMMamba2(_Momentum, Mamba2):
         v = (scale[..., None] * v.astype(jnp.float32)).astype(v.dtype)
         if self.gamma == 0:
             return Mamba2.recurrence(self, q, k, v, log_decay, segment_ids=segment_ids, cache=cache)
-        return self.run_momentum(momentum_scalar_decay, momentum_scalar_decay_reference, (q, k, v, log_decay),
+        return self.run_momentum(momentum_scalar_decay, (q, k, v, log_decay),
                                  scale=1.0, segment_ids=segment_ids, cache=cache)
 
     def init_cache(self, batch_size: int, max_len: int, dtype=jnp.float32) -> dict:
@@ -123,7 +121,7 @@ class MuonSSMGatedDeltaNet(_Momentum, DeltaNet):
             v = (scale[..., None] * v.astype(jnp.float32)).astype(v.dtype)
             return DeltaNet.recurrence(self, q, k, v, beta, log_decay, segment_ids=segment_ids, cache=cache)
         w = (scale * beta)[..., None] * v.astype(jnp.float32)
-        return self.run_momentum(momentum_delta_rule, momentum_delta_rule_reference, (q, k, w, beta, log_decay),
+        return self.run_momentum(momentum_delta_rule, (q, k, w, beta, log_decay),
                                  scale=self.key_dim ** -0.5, segment_ids=segment_ids, cache=cache)
 
     def init_cache(self, batch_size: int, max_len: int, dtype=jnp.float32) -> dict:

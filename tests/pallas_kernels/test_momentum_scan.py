@@ -1,4 +1,4 @@
-"""MuonSSM's momentum recurrences and Newton-Schulz closed forms against their oracles."""
+"""pallas_kernels.momentum_scan: MuonSSM's momentum recurrences and Newton-Schulz closed forms against their oracles."""
 
 import functools
 
@@ -8,15 +8,20 @@ import numpy as np
 import pytest
 
 from pallas_kernels import chunk_gla, gated_delta_rule, newton_schulz
-from seqmodels.mixers import momentum
+from pallas_kernels.momentum_scan import low_rank_newton_schulz, rank_one_scale
+from pallas_kernels import momentum_scan
 
-# Jitted: one compile per function is far cheaper on CPU than running the ops eagerly.
-momentum_scalar_decay = jax.jit(momentum.momentum_scalar_decay, static_argnames=("scale", "chunk_size"))
-momentum_scalar_decay_reference = jax.jit(momentum.momentum_scalar_decay_reference, static_argnames=("scale",))
-momentum_delta_rule = jax.jit(momentum.momentum_delta_rule, static_argnames=("scale", "chunk_size"))
-momentum_delta_rule_reference = jax.jit(momentum.momentum_delta_rule_reference, static_argnames=("scale",))
-rank_one_scale = momentum.rank_one_scale
-low_rank_newton_schulz = momentum.low_rank_newton_schulz
+# Jitted: one compile per function is far cheaper on CPU than running the ops eagerly. The chunked
+# form is impl "xla"; the token-by-token oracle is impl "reference".
+_STATIC = ("scale", "chunk_size", "impl")
+momentum_scalar_decay = jax.jit(functools.partial(momentum_scan.momentum_scalar_decay, impl="xla"),
+                                static_argnames=_STATIC)
+momentum_scalar_decay_reference = jax.jit(functools.partial(momentum_scan.momentum_scalar_decay, impl="reference"),
+                                          static_argnames=_STATIC)
+momentum_delta_rule = jax.jit(functools.partial(momentum_scan.momentum_delta_rule, impl="xla"),
+                              static_argnames=_STATIC)
+momentum_delta_rule_reference = jax.jit(functools.partial(momentum_scan.momentum_delta_rule, impl="reference"),
+                                        static_argnames=_STATIC)
 
 # float32 throughout: chunked and token-by-token forms differ only in summation order; with
 # outputs of magnitude ~10 (sums over 37 tokens, states of magnitude ~1) that is ~1e-5.
@@ -103,3 +108,27 @@ def test_low_rank_core_equals_newton_schulz_on_the_full_matrix():
     np.testing.assert_allclose(left @ core @ jnp.swapaxes(right, -1, -2), full, atol=2e-5)
     with pytest.raises(ValueError, match="must share the rank r"):
         low_rank_newton_schulz(left, right[..., :2], steps=1)
+
+
+def test_wrong_shapes_and_arguments_are_named_before_tracing():
+    q, k, v, log_decay, log_momentum, beta, state, _ = inputs()
+    with pytest.raises(ValueError, match=r"log_momentum_decay must have shape \[B, T, H\]"):
+        momentum_scan.momentum_scalar_decay(q, k, v, log_decay, log_momentum[:, :5], scale=1.0)
+    with pytest.raises(ValueError, match=r"k must have shape \[B, T, H, K\]"):
+        momentum_scan.momentum_delta_rule(q, k[..., :3], v, beta, log_decay, log_momentum, scale=1.0)
+    with pytest.raises(ValueError, match=r"initial_momentum must have shape \[B, H, K, V\]"):
+        momentum_scan.momentum_scalar_decay(q, k, v, log_decay, log_momentum, scale=1.0, initial_momentum=state[0])
+    with pytest.raises(ValueError, match="chunk_size must be an int >= 1"):
+        momentum_scan.momentum_scalar_decay(q, k, v, log_decay, log_momentum, scale=1.0, chunk_size=0)
+    with pytest.raises(ValueError, match="impl must be one of"):
+        momentum_scan.momentum_delta_rule(q, k, v, beta, log_decay, log_momentum, scale=1.0, impl="triton")
+
+
+def test_auto_and_pallas_run_the_chunked_form():
+    q, k, v, log_decay, log_momentum, _, state, _ = inputs()
+    common = dict(scale=0.3, initial_state=state, chunk_size=CHUNK)
+    chunked = momentum_scan.momentum_scalar_decay(q, k, v, log_decay, log_momentum, impl="xla", **common)
+    for impl in ("auto", "pallas"):
+        got = momentum_scan.momentum_scalar_decay(q, k, v, log_decay, log_momentum, impl=impl, **common)
+        for g, c in zip(got, chunked):
+            np.testing.assert_array_equal(g, c)
