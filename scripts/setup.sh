@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Creates .venv with Python 3.12 and installs requirements.txt into it.
+# Creates .venv with Python 3.12, installs requirements.txt into it, then this project in editable mode
+# (seqmodels, pallas_kernels, benchmarks, experiments importable from anywhere; no script edits sys.path).
 # Usage: bash scripts/setup.sh        (from the repository root; safe to re-run)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,4 +33,5 @@ echo "setup: using $python ($("$python" --version))"
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 .venv/bin/python -m pip install --quiet --upgrade pip
 .venv/bin/python -m pip install --quiet -r requirements.txt
+.venv/bin/python -m pip install --quiet -e .
 echo "setup: done. Run the tests with: .venv/bin/python -m pytest"

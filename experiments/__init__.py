@@ -1,0 +1,1 @@
+"""Experiments: one folder per question asked of the models (driver ``run.py``, its report, README, results/)."""

@@ -1,0 +1,1 @@
+"""CFL recognition with length generalisation: looped vs looped + padding vs fixed depth (README.md)."""

@@ -1,0 +1,1 @@
+"""MQAR associative recall per mixer and setting (README.md)."""
