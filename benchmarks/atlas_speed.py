@@ -1,6 +1,6 @@
 """Training speed of a ~125M-parameter Atlas LM at T = 4096, beside Gated DeltaNet and Transformer++.
 
-    python benchmarks/atlas_speed.py --out results/atlas_speed.json            # on a GPU
+    python benchmarks/atlas_speed.py       # on a GPU -> benchmarks/results/atlas_speed.json
     python benchmarks/atlas_speed.py --small --out /tmp/atlas_speed.json        # CPU smoke run, tiny models
 
 Every model is ``configs/<name>.yaml`` reshaped to the same ~125M shape (12 layers of
@@ -30,23 +30,20 @@ import time
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-
-from flax import nnx  # noqa: E402
-
-from seqmodels.config import MeshConfig  # noqa: E402
-from seqmodels.config_io import load_config  # noqa: E402
-from seqmodels.mixers import MIXERS  # noqa: E402
-from seqmodels.mixers.atlas import memory_layout  # noqa: E402
-from seqmodels.mixers.atlas_memory import orthogonalize  # noqa: E402
-from seqmodels.optim.build import build_optimizer  # noqa: E402
-from seqmodels.sharding import make_mesh, param_logical_axes  # noqa: E402
-from seqmodels.training.state import abstract_model, count_params, init_train_state  # noqa: E402
-from seqmodels.training.step import make_train_step  # noqa: E402
+from seqmodels.config import MeshConfig
+from seqmodels.config_io import load_config
+from seqmodels.mixers import MIXERS
+from seqmodels.mixers.atlas import memory_layout
+from seqmodels.mixers.atlas_memory import orthogonalize
+from seqmodels.optim.build import build_optimizer
+from seqmodels.sharding import make_mesh, param_logical_axes
+from seqmodels.training.state import abstract_model, count_params, init_train_state
+from seqmodels.training.step import make_train_step
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 MODELS = ("atlas", "gated_deltanet", "transformer")
 FULL = {"d_model": 768, "heads": 12, "layers": 12, "vocab": 50304, "seq_len": 4096, "batch": 2, "dtype": "bfloat16"}
 SMALL = {"d_model": 64, "heads": 2, "layers": 2, "vocab": 512, "seq_len": 64, "batch": 2, "dtype": "float32"}
@@ -155,7 +152,7 @@ def parse_args(argv):
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated config names")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--iters", type=int, default=5)
-    parser.add_argument("--out", default=str(ROOT / "results" / "atlas_speed.json"))
+    parser.add_argument("--out", default=str(RESULTS / "atlas_speed.json"))
     return parser.parse_args(argv)
 
 

@@ -10,7 +10,7 @@
 The wheel's Triton is not the one inside jaxlib, so this is evidence, not proof, that the
 kernels build on the GPU; its numbers guide ``_specs.LAUNCH``.
 
-    python -m benchmarks.gated_delta_rule_ptxas --triton-site /tmp/triton-site
+    python benchmarks/gated_delta_rule_ptxas.py --triton-site /tmp/triton-site
 """
 
 from __future__ import annotations

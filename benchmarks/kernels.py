@@ -1,6 +1,7 @@
 """Kernel benchmarks: every impl of an op side by side in one run, written to JSON.
 
-    python benchmarks/kernels.py --ops linear_scan,chunk_gla,gated_delta_rule,newton_schulz --out results.json
+    python benchmarks/kernels.py --ops linear_scan,chunk_gla,gated_delta_rule,newton_schulz \
+        --out benchmarks/results/kernels.json
     python benchmarks/kernels.py --small            # CPU smoke run (interpret-mode Pallas)
 
 Each op contributes ``Case``s through a builder in ``kernel_cases.CASE_BUILDERS``; a case holds its inputs and
@@ -17,7 +18,6 @@ import argparse
 import dataclasses
 import json
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,9 +25,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from benchmarks.kernel_cases import CASE_BUILDERS, Case  # noqa: E402
+from benchmarks.kernel_cases import CASE_BUILDERS, Case
 
 
 def median_seconds(fn, args, repeats: int) -> float:

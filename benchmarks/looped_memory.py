@@ -1,7 +1,7 @@
 """Peak memory of the looped model's train step against the loop count, with and without remat.
 
     python benchmarks/looped_memory.py [--config configs/looped_cfl.yaml] [--loops 4,32] [--length 128]
-                                       [--batch-size 32] [--out results/cfl] [key=value ...]
+                                       [--batch-size 32] [--out benchmarks/results/looped_memory] [key=value ...]
 
 Compiles (does not run) the jitted train step of ``seqmodels.training.step`` (AdamW update included)
 for the config's model with ``loop_schedule: fixed`` at each loop count and ``model.remat`` in
@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def compiled_train_step_memory(config, loops: int, remat: str, batch_size: int, length: int) -> dict:
@@ -59,7 +59,7 @@ def main(argv=None) -> int:
     parser.add_argument("--loops", default="4,32", help="loop counts to compare")
     parser.add_argument("--length", type=int, default=128, help="string length N (rows of N + 2 tokens)")
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--out", default=str(ROOT / "results" / "cfl"))
+    parser.add_argument("--out", default=str(RESULTS / "looped_memory"))
     parser.add_argument("overrides", nargs="*", help="dotted config overrides")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     from seqmodels.config_io import load_config

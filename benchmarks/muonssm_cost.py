@@ -1,6 +1,6 @@
 """Cost of MuonSSM's momentum recurrences against their backbones' kernels: forward + backward, one run.
 
-    OPENBLAS_NUM_THREADS=1 python benchmarks/muonssm_cost.py --out results/muonssm_cost/muonssm_cost.json
+    OPENBLAS_NUM_THREADS=1 python benchmarks/muonssm_cost.py --out benchmarks/results/muonssm_cost/muonssm_cost.json
     python benchmarks/muonssm_cost.py --small --out /tmp/cost.json        # seconds, for a smoke test
 
 For one shape (per head K = V, chunk 64) it times the gradient of ``sum(o * cotangent)`` with
@@ -28,8 +28,7 @@ import shlex
 import sys
 from pathlib import Path
 
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # see benchmarks/recall.py
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # see experiments/recall/run.py
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -37,6 +36,8 @@ import jax.numpy as jnp  # noqa: E402
 from benchmarks.kernels import median_seconds  # noqa: E402
 from pallas_kernels import chunk_gla, gated_delta_rule  # noqa: E402
 from seqmodels.mixers import momentum  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results" / "muonssm_cost"
 
 
 def make_inputs(batch, length, heads, width):
@@ -104,7 +105,7 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--small", action="store_true", help="tiny shape for a smoke test")
     parser.add_argument("--only", default="", help="comma-separated function names to time (default: all)")
-    parser.add_argument("--out", default="results/muonssm_cost/muonssm_cost.json")
+    parser.add_argument("--out", default=str(RESULTS / "muonssm_cost.json"))
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     shape = (1, 64, 2, 16) if args.small else tuple(int(x) for x in args.shape.split(","))
     inputs = make_inputs(*shape)

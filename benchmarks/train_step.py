@@ -1,6 +1,6 @@
 """Training-step speed and memory of a ~125M-parameter LM per mixer, impl=pallas beside impl=xla and Transformer++.
 
-    python benchmarks/train_step.py --out results/train_step.json                  # on a GPU
+    python benchmarks/train_step.py     # on a GPU -> benchmarks/results/train_step.json
     python benchmarks/train_step.py --small --out /tmp/train_step.json             # CPU smoke run
     python benchmarks/train_step.py --mixers mamba2,attention --seq-lens 4096 --isolate
 
@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+RESULTS = Path(__file__).resolve().parent / "results"
 
 DEFAULT_MIXERS = "attention,mamba2,deltanet,gated_deltanet,muonssm_mamba2,muonssm_gated_deltanet"
 FULL = dict(d_model=768, num_heads=12, layers=12, vocab_size=50304, dtype="bfloat16", mamba2_head_dim=64)
@@ -137,7 +137,7 @@ def parse_args(argv):
     parser.add_argument("--small", action="store_true", help="tiny model and shapes: a CPU smoke run")
     parser.add_argument("--isolate", action="store_true", help="run every case in its own process")
     parser.add_argument("--case", help=argparse.SUPPRESS)  # mixer:impl:T, used by --isolate
-    parser.add_argument("--out", default="results/train_step.json")
+    parser.add_argument("--out", default=str(RESULTS / "train_step.json"))
     args = parser.parse_args(argv)
     args.seq_lens = args.seq_lens or ("64" if args.small else "4096,16384")
     args.tokens_per_step = args.tokens_per_step or (128 if args.small else 32768)

@@ -26,9 +26,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import AbstractDevice, AbstractMesh, AxisType
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from pallas_kernels import chunk_gla, linear_scan  # noqa: E402
+from pallas_kernels import chunk_gla, linear_scan
 
 H200 = AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="cuda")
 
@@ -123,8 +121,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"wrote {len(paths)} kernels to {args.out_dir}")
     if args.compile:
         env_path = [args.triton_path] if args.triton_path else []
-        code = f"import sys; sys.path[:0] = {env_path!r} + [{str(Path(__file__).parent)!r}]; " \
-               f"import triton_resources as t; t.compile_for_sm90(sys.argv[1:])"
+        code = f"import sys; sys.path[:0] = {env_path!r}; " \
+               f"from benchmarks import triton_resources as t; t.compile_for_sm90(sys.argv[1:])"
         subprocess.run([sys.executable, "-c", code, *map(str, paths)], check=True)
 
 

@@ -1,4 +1,4 @@
-"""The CFL benchmark's report: a markdown table and a plot of accuracy against string length."""
+"""The CFL experiment's report: a markdown table and a plot of accuracy against string length."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """CFL recognition with length generalisation: looped vs looped + padding vs fixed depth.
 
-    python benchmarks/cfl.py [--config configs/looped_cfl.yaml] [--out results/cfl] [--jobs 3] [key=value ...]
+    python experiments/cfl/run.py [--config configs/looped_cfl.yaml] [--out experiments/cfl/results/grid] [--jobs 3]
+                                  [key=value ...]
 
 Trains one model per variant on ``data.cfl.languages`` (strings of length <= data.cfl.max_length,
 32 in the config) with ``train.py``'s loop, then measures accept/reject accuracy on fresh strings
@@ -29,8 +30,8 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = Path(__file__).resolve().parent / "results"
 
 VARIANTS = ("looped", "looped_padded", "fixed_params", "fixed_compute")
 DEFAULT_VARIANTS = ("looped", "looped_padded", "fixed_compute")
@@ -62,7 +63,7 @@ def parse_args(argv):
     parser.add_argument("--examples", type=int, default=256, help="evaluation strings per language and length")
     parser.add_argument("--eval-seed", type=int, default=1234)
     parser.add_argument("--jobs", type=int, default=3, help="variants trained at the same time")
-    parser.add_argument("--out", default=str(ROOT / "results" / "cfl"))
+    parser.add_argument("--out", default=str(RESULTS / "grid"))
     parser.add_argument("--runs", default=str(ROOT / "runs" / "cfl"), help="run directories (checkpoints)")
     parser.add_argument("--joint", action="store_true",
                         help="one model per variant on all languages (default: one model per language)")
@@ -168,7 +169,7 @@ def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.worker:
         return run_worker(args)
-    from benchmarks.cfl_report import write_markdown, write_plot
+    from experiments.cfl.report import write_markdown, write_plot
     names = [n.strip() for n in args.variants.split(",") if n.strip()]
     unknown = [n for n in names if n not in VARIANTS]
     if unknown or not names:
@@ -180,7 +181,7 @@ def main(argv=None) -> int:
     results = launch(args, sorted(names, key=lambda n: n != "looped_padded"))  # the slowest first
     end_cpu = os.times()
     report = {
-        "command": " ".join(["python", "benchmarks/cfl.py", *(sys.argv[1:] if argv is None else argv)]),
+        "command": " ".join(["python", "experiments/cfl/run.py", *(sys.argv[1:] if argv is None else argv)]),
         "wall_seconds": time.perf_counter() - start_wall,
         "cpu_seconds": (end_cpu.children_user + end_cpu.children_system
                         - start_cpu.children_user - start_cpu.children_system),

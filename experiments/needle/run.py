@@ -1,7 +1,7 @@
 """Needle in a haystack: train models at one length, score greedy retrieval at 1x, 2x and 4x that length.
 
-    python benchmarks/needle.py                       # Atlas, Titans, Transformer++ on CPU (~30 min)
-    python benchmarks/needle.py --models atlas,transformer --steps 50 --per-depth 2 --out /tmp/needle
+    python experiments/needle/run.py                  # Atlas, Titans, Transformer++ on CPU (~30 min)
+    python experiments/needle/run.py --models atlas,transformer --steps 50 --per-depth 2 --out /tmp/needle
 
 Each model is its config (``configs/<name>.yaml``: atlas, titans, omeganet, transformer, swa,
 atlas_mag, atlas_mal, or ``ablations/<name>``) shrunk to ``--layers`` layers of ``--d-model``,
@@ -23,14 +23,14 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from seqmodels.config_io import load_config
+from seqmodels.data.synthetic import needle_eval_examples
+from seqmodels.evaluation.loading import load_run
+from seqmodels.evaluation.needle import needle_accuracy
+from seqmodels.training.loop import train
 
-from seqmodels.config_io import load_config  # noqa: E402
-from seqmodels.data.synthetic import needle_eval_examples  # noqa: E402
-from seqmodels.evaluation.loading import load_run  # noqa: E402
-from seqmodels.evaluation.needle import needle_accuracy  # noqa: E402
-from seqmodels.training.loop import train  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = Path(__file__).resolve().parent / "results"
 
 LENGTH_FACTORS = (1, 2, 4)
 
@@ -52,7 +52,7 @@ def parse_args(argv):
     parser.add_argument("--depths", default="0,0.25,0.5,0.75,1", help="needle depths evaluated")
     parser.add_argument("--per-depth", type=int, default=20, help="evaluation examples per depth and length")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default=str(ROOT / "results" / "needle"))
+    parser.add_argument("--out", default=str(RESULTS))
     parser.add_argument("--report-only", action="store_true",
                         help="train nothing: rewrite needle.md from the needle.json already in --out")
     parser.add_argument("--merge", action="store_true",
@@ -63,7 +63,7 @@ def parse_args(argv):
 
 
 def model_overrides(name: str, args) -> list[str]:
-    """Overrides that shrink the config ``name`` to the benchmark's model and needle data."""
+    """Overrides that shrink the config ``name`` to the experiment's model and needle data."""
     config = load_config(ROOT / "configs" / f"{name}.yaml")
     layer_kind = config.model.mixers[0]
     return [

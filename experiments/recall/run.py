@@ -1,11 +1,11 @@
-"""Recall benchmark: train each mixer on MQAR at a few (sequence length, key-value pairs) settings, report accuracy.
+"""Recall experiment: train each mixer on MQAR at a few (sequence length, key-value pairs) settings, report accuracy.
 
-    OPENBLAS_NUM_THREADS=1 python benchmarks/recall.py --out results/recall --jobs 3    # the default grid
-    python benchmarks/recall.py --mixers attention,mamba2 --settings 64:4 --steps 200
-    python benchmarks/recall.py --mixers "attention,titans=atlas;model.atlas.window=1"
+    OPENBLAS_NUM_THREADS=1 python experiments/recall/run.py --jobs 3    # the default grid -> results/grid/
+    python experiments/recall/run.py --mixers attention,mamba2 --settings 64:4 --steps 200
+    python experiments/recall/run.py --mixers "attention,titans=atlas;model.atlas.window=1"
 
 The default grid (seven variants x two settings, 300 steps of 32 rows) takes about half an hour on
-two busy CPU cores with ``--jobs 3``; ``results/recall/recall.md`` records the exact command.
+two busy CPU cores with ``--jobs 3``; ``results/grid/recall.md`` records the exact command.
 
 Each variant is a 2-layer LM (``--layers``) of one mixer, ``--d-model`` wide, trained by
 ``seqmodels.training.loop.train`` (the same path as ``train.py``) on ``data.source=mqar`` rows of
@@ -21,7 +21,7 @@ circuit, a previous-token head in layer 1 (so the value's position carries its k
 head in layer 2. The recurrent mixers get the previous token for free from their short causal
 convolution. Plain Transformer++ (RoPE, no biases, no absolute positions) must first learn a
 content-independent previous-token head, and at this scale sits on the plateau "answer = some
-value of this row" (accuracy about 1 / pairs in ``results/recall``; an informal run of 2,500 steps of
+value of this row" (accuracy about 1 / pairs in ``results/grid``; an informal run of 2,500 steps of
 32 rows at T=64 with 4 pairs stayed there too). With a short convolution on q, k, v
 (``model.attention.conv_kernel=4``) the same 2-layer attention model solves both settings. The
 data layout, answer-only loss and positions were checked and are as the task intends.
@@ -45,7 +45,7 @@ from pathlib import Path
 # spin-waits and makes each call ~1000x slower. One BLAS thread (XLA keeps its own threads).
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+RESULTS = Path(__file__).resolve().parent / "results"
 
 DEFAULT_MIXERS = ("attention,attention+conv=attention;model.attention.conv_kernel=4,"
                   "mamba2,deltanet,gated_deltanet,muonssm_mamba2,muonssm_gated_deltanet")
@@ -158,7 +158,7 @@ def parse_args(argv):
     parser.add_argument("--schedule", default="constant", help="optim.schedule after warm-up")
     parser.add_argument("--eval-batches", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default="results/recall", help="directory for recall.json and recall.md")
+    parser.add_argument("--out", default=str(RESULTS / "grid"), help="directory for recall.json and recall.md")
     return parser.parse_args(argv)
 
 
@@ -181,7 +181,7 @@ def main(argv=None) -> int:
     variants, settings = parse_variants(args.mixers), parse_settings(args.settings)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    command = shlex.join(["python", "benchmarks/recall.py", *(sys.argv[1:] if argv is None else argv)])
+    command = shlex.join(["python", "experiments/recall/run.py", *(sys.argv[1:] if argv is None else argv)])
     results, start = [], time.perf_counter()
     for result in _run_all(args, variants, settings):
         results.append(result)
