@@ -1,4 +1,5 @@
-"""The CFL experiment as a user runs it: train.py on configs/looped_cfl.yaml, eval.py's cfl suite, the driver."""
+"""The CFL experiment as a user runs it: train.py on configs/looped_cfl.yaml, eval.py's cfl suite, the driver
+(experiments/cfl/run.py)."""
 
 import json
 import math
@@ -9,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from experiments.cfl import run
+
+ROOT = Path(__file__).resolve().parents[3]
 CONFIG = str(ROOT / "configs" / "looped_cfl.yaml")
 TINY = ["model.d_model=16", "model.num_heads=2", "data.cfl.max_length=8", "data.seq_len=10",
         "data.cfl.length_buckets=1", "data.cfl.languages=[dyck1, anbn_cmdm]", "train.batch_size=16", "optim.warmup_steps=2",
@@ -45,9 +48,9 @@ def test_train_py_trains_the_looped_model_on_the_cfl_config_and_eval_py_scores_i
 
 
 @pytest.mark.slow
-def test_benchmark_driver_writes_accuracy_per_language_length_and_variant(tmp_path):
+def test_driver_writes_accuracy_per_language_length_and_variant(tmp_path):
     out, runs = tmp_path / "out", tmp_path / "runs"
-    command = [sys.executable, str(ROOT / "benchmarks" / "cfl.py"), "--variants", "looped,fixed_compute",
+    command = [sys.executable, str(ROOT / "experiments" / "cfl" / "run.py"), "--variants", "looped,fixed_compute",
                "--lengths", "4,12", "--examples", "8", "--out", str(out), "--runs", str(runs), *TINY,
                "train.steps=3"]
     result = subprocess.run(command, cwd=ROOT, env=single_device_env(), capture_output=True, text=True, timeout=600)
@@ -66,11 +69,10 @@ def test_benchmark_driver_writes_accuracy_per_language_length_and_variant(tmp_pa
     assert (out / "cfl.png").stat().st_size > 10_000
 
 
-def test_benchmark_workers_are_single_threaded_and_keep_the_callers_xla_flags(tmp_path, monkeypatch):
-    from benchmarks import cfl
+def test_driver_workers_are_single_threaded_and_keep_the_callers_xla_flags(tmp_path, monkeypatch):
     monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
-    env = cfl.worker_env(tmp_path / "cache")
-    assert env["XLA_FLAGS"].startswith(cfl.SINGLE_THREAD_FLAGS) and env["JAX_COMPILATION_CACHE_DIR"].endswith("cache")
+    env = run.worker_env(tmp_path / "cache")
+    assert env["XLA_FLAGS"].startswith(run.SINGLE_THREAD_FLAGS) and env["JAX_COMPILATION_CACHE_DIR"].endswith("cache")
     # A token XLA cannot parse (once a bare "intra_op_parallelism_threads=1") drops the flags after it.
     probe = subprocess.run([sys.executable, "-c", "import jax; print(jax.device_count())"],
                            env=dict(env, JAX_PLATFORMS="cpu"), capture_output=True, text=True, timeout=300)
