@@ -196,3 +196,14 @@ def describe_cfl(cfg: DataConfig) -> str:
 def evaluation_set(language: str, length: int, num: int, seed: int) -> dict[str, np.ndarray]:
     """``sample(language, num, length, seed)`` as one batch of rows of exactly ``length + 2`` tokens."""
     return labelled_batch(language, sample(language, num, length, seed), seq_len=length + 2)
+
+
+def cfl_vocab_size(cfg: DataConfig) -> int:
+    """``VOCAB_SIZE``: the fixed ids, one [BOS] per language, the symbols."""
+    return VOCAB_SIZE
+
+
+from seqmodels.data.sources import DataSource, register_source  # noqa: E402
+
+register_source("cfl", DataSource(train=make_cfl_train_dataset, eval=make_cfl_eval_batches, vocab_size=cfl_vocab_size,
+                                  describe=describe_cfl, check=check_cfl_config))

@@ -1,6 +1,6 @@
-"""Document sources: an ordered, deterministic, lazily read list of text documents per source.
+"""Document corpora: an ordered, deterministic, lazily read list of text documents per source.
 
-Sources (``data.source``):
+Corpora (``data.source``; ``text.py`` registers them and turns their documents into rows):
 
 * ``stdlib``: the ``.py`` files of the running Python's standard library
   (``sysconfig.get_paths()["stdlib"]``, recursive, sorted, ``site-packages`` skipped). Present on
@@ -33,7 +33,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from seqmodels.config import DataConfig
+from seqmodels.config import ConfigError, DataConfig
+from seqmodels.data.sources import get_source, source_names
 
 _SKIPPED_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__"})
 
@@ -237,17 +238,36 @@ def arrayrecord_documents(pattern: str) -> RecordDocuments:
     return RecordDocuments(source, np.arange(len(source)), shard_bytes, origin)
 
 
+def stdlib_corpus(cfg: DataConfig) -> tuple[FileDocuments, str]:
+    """``data.source=stdlib``: (the standard library's files, its root)."""
+    return stdlib_documents(), sysconfig.get_paths()["stdlib"]
+
+
+def text_files_corpus(cfg: DataConfig) -> tuple[FileDocuments, str]:
+    """``data.source=text_files``: (the files matching ``data.path``, ``data.path``)."""
+    return text_file_documents(cfg.path), cfg.path
+
+
+def arrayrecord_corpus(cfg: DataConfig) -> tuple[RecordDocuments, str]:
+    """``data.source=arrayrecord``: (the records of the shards matching ``data.path``, ``data.path``)."""
+    return arrayrecord_documents(cfg.path), cfg.path
+
+
+def require_path(cfg: DataConfig) -> None:
+    """The check of the corpora read from ``data.path``."""
+    if not cfg.path:
+        raise ConfigError(f"data.path: data.source={cfg.source} needs data.path (a glob of files)")
+
+
 def load_documents(cfg: DataConfig) -> DocumentSplit:
-    """The documents of ``cfg.source``, capped at ``cfg.max_documents`` and split train/held-out."""
-    if cfg.source == "stdlib":
-        documents, location = stdlib_documents(), sysconfig.get_paths()["stdlib"]
-    elif cfg.source == "text_files":
-        documents, location = text_file_documents(cfg.path), cfg.path
-    elif cfg.source == "arrayrecord":
-        documents, location = arrayrecord_documents(cfg.path), cfg.path
-    else:
-        raise DataError(f"data.source: unknown source {cfg.source!r}; "
-                        "expected stdlib, text_files or arrayrecord")
+    """The documents of ``cfg.source`` (a registered corpus), capped at ``data.max_documents``, split train/held-out."""
+    source = get_source(cfg.source)
+    if source.documents is None:
+        corpora = [name for name in source_names() if get_source(name).documents is not None]
+        raise DataError(f"data.source: {cfg.source!r} is generated, not a document corpus; "
+                        f"corpora: {', '.join(corpora)}")
+    source.check(cfg)
+    documents, location = source.documents(cfg)
     if cfg.max_documents:
         documents = documents[: cfg.max_documents]
     train, heldout = split_indices(documents.identities, cfg.heldout_fraction)

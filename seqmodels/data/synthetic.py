@@ -46,6 +46,8 @@ at one length can be tested at 2x and 4x that length.
 
 Example ``i`` of a stream seeded ``s`` is drawn from ``numpy.random.default_rng([s, i])``;
 evaluation sets use ``[s, EVAL_SALT, length, j, i]``, never a training seed sequence.
+
+Registered sources (``sources.py``): ``mqar``, ``selective_copy`` and ``needle``.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ import numpy as np
 from seqmodels.config import SYNTHETIC_TASKS, DataConfig, SyntheticConfig, needle_min_length
 from seqmodels.data.corpus import DataError
 from seqmodels.data.packing import pack_and_batch, pad_batch
+from seqmodels.data.sources import DataSource, register_source
 from seqmodels.data.tokenizers import BOS_ID as BYTE_BOS_ID
 from seqmodels.data.tokenizers import ByteTokenizer
 
@@ -292,3 +295,20 @@ def describe_needle(cfg: DataConfig) -> str:
     """One log line for ``data.source = needle``."""
     return (f"needle-in-a-haystack rows of {cfg.seq_len + 1} tokens (keys of {cfg.needle_key_length} digits, "
             f"values of {cfg.needle_value_length}, {cfg.needle_distractors} distractors), seed {cfg.seed}")
+
+
+def synthetic_vocab_size(cfg: DataConfig) -> int:
+    """``data.synthetic.vocab_size``: the ids the recall tasks use."""
+    return cfg.synthetic.vocab_size
+
+
+def needle_vocab_size(cfg: DataConfig) -> int:
+    """Needle rows are byte tokens (``ByteTokenizer``, begin- and end-of-document ids included)."""
+    return _TOKENIZER.vocab_size
+
+
+for _task in GENERATORS:
+    register_source(_task, DataSource(train=make_synthetic_train_dataset, eval=make_synthetic_eval_batches,
+                                      vocab_size=synthetic_vocab_size, describe=describe_synthetic))
+register_source("needle", DataSource(train=needle_train_dataset, eval=needle_eval_batches,
+                                     vocab_size=needle_vocab_size, describe=describe_needle))

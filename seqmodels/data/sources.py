@@ -1,0 +1,87 @@
+"""The data-source registry: ``data.source`` name -> how to make its batches, its vocabulary, its log line.
+
+Each source registers itself beside its code (``register_source("mqar", DataSource(...))`` at the end
+of its module); ``seqmodels.data.pipeline`` looks the configured one up. Importing ``seqmodels.data``
+imports every source module, so every source is registered. A new source (jsonl, parquet, ...) is one
+new module that registers itself, plus its import in ``seqmodels/data/__init__.py``::
+
+    text.py          stdlib, text_files, arrayrecord   (document corpora: corpus.py lists the documents)
+    synthetic.py     mqar, selective_copy, needle      (generated examples)
+    cfl_pipeline.py  cfl                               (context-free-language recognition)
+
+Every batch, training or evaluation, is ``{inputs, targets, segment_ids, positions: int32, loss_mask:
+float32}`` with every array ``[batch_size, row_length]`` (``packing.FIELDS``); ``row_length`` is
+``data.seq_len`` unless the source documents otherwise (``cfl`` training rows are shorter).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import grain
+
+from seqmodels.config import ConfigError, DataConfig
+
+
+class TrainBatches(Protocol):
+    def __call__(self, cfg: DataConfig, *, batch_size: int, process_index: int,
+                 process_count: int) -> grain.IterDataset:
+        """This process's endless training batches of ``batch_size`` rows, checkpointable by grain
+        (``get_state`` / ``set_state`` continue the same batches). Process ``process_index`` of
+        ``process_count`` sees its own share of the stream."""
+
+
+class EvalBatches(Protocol):
+    def __call__(self, cfg: DataConfig, *, batch_size: int, max_batches: int) -> list[dict]:
+        """At most ``max_batches`` held-out batches of exactly ``batch_size`` rows (padding rows have
+        ``loss_mask`` 0), deterministic and the same on every process."""
+
+
+def _no_check(cfg: DataConfig) -> None:
+    """Nothing to check beyond what ``DataConfig`` checks at load."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSource:
+    """One value of ``data.source``.
+
+    ``train`` / ``eval``: the batches (``TrainBatches`` / ``EvalBatches``); the arguments are already
+    checked by the pipeline. ``vocab_size(cfg)``: the embedding rows the batches need (every token
+    id is below it). ``describe(cfg)``: one line for the training log. ``check(cfg)``: raise
+    ``ConfigError`` naming the key when the configuration cannot work for this source (the pipeline
+    calls it before each of the others). ``documents(cfg) -> (documents, location)``: a document
+    corpus's documents (``corpus.load_documents``), None for generated sources.
+    """
+
+    train: TrainBatches
+    eval: EvalBatches
+    vocab_size: Callable[[DataConfig], int]
+    describe: Callable[[DataConfig], str]
+    check: Callable[[DataConfig], None] = _no_check
+    documents: Callable[[DataConfig], tuple[Sequence[str], str]] | None = None
+
+
+_SOURCES: dict[str, DataSource] = {}
+
+
+def register_source(name: str, source: DataSource) -> None:
+    """Make ``source`` the one ``data.source=name`` picks; a name can be registered once."""
+    if not isinstance(source, DataSource):
+        raise TypeError(f"data source {name!r} must be a DataSource, got {type(source).__name__}")
+    if name in _SOURCES:
+        raise ValueError(f"data source {name!r} is registered twice")
+    _SOURCES[name] = source
+
+
+def source_names() -> tuple[str, ...]:
+    """The registered names, sorted."""
+    return tuple(sorted(_SOURCES))
+
+
+def get_source(name: str) -> DataSource:
+    """The source registered as ``name``; ``ConfigError`` naming the known ones when there is none."""
+    if name not in _SOURCES:
+        raise ConfigError(f"data.source: unknown source {name!r}; known sources: {', '.join(source_names())}")
+    return _SOURCES[name]

@@ -1,0 +1,119 @@
+"""Document corpora as packed token rows: the sources ``stdlib``, ``text_files`` and ``arrayrecord``.
+
+Training::
+
+    train documents (corpus.load_documents)
+      -> shuffle by data.seed, a new permutation each epoch, repeated forever    (MapDataset)
+      -> global stream index i goes to process i % process_count                 (MapDataset slice)
+      -> tokenize: [BOS] + UTF-8 bytes + [EOS], loss on every token but BOS
+      -> pack into rows of seq_len + 1 tokens, documents continuing across rows  (packing.py)
+      -> shift into inputs / targets, batch                                      (IterDataset)
+
+Evaluation packs the held-out documents the same way, in corpus order, one pass, no shuffle; the
+last batch is padded with all-zero rows. ``corpus.py`` lists and splits the documents of each
+corpus; a new corpus (jsonl, parquet, ...) is a function ``cfg -> (documents, location)`` registered
+with ``register_source(name, corpus_source(that_function))``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Callable
+
+import grain
+import numpy as np
+
+from seqmodels.config import DataConfig
+from seqmodels.data.corpus import (DataError, Documents, arrayrecord_corpus, load_documents, require_path,
+                                   stdlib_corpus, text_files_corpus)
+from seqmodels.data.packing import pack_and_batch, pad_batch
+from seqmodels.data.sources import DataSource, register_source
+from seqmodels.data.tokenizers import ByteTokenizer, get_tokenizer
+
+# Documents are read and tokenized ahead of the packer by a few threads; one document fills tens of
+# rows on average, so a short buffer keeps the packer fed without reading far ahead.
+_READ_OPTIONS = grain.ReadOptions(num_threads=4, prefetch_buffer_size=16)
+
+
+@dataclasses.dataclass(frozen=True)
+class FrameDocument:
+    """text -> ``{"tokens": [BOS] + bytes + [EOS], "loss_mask": [0, 1, ..., 1]}`` (int32, float32)."""
+
+    tokenizer: ByteTokenizer
+
+    def __call__(self, text: str) -> dict[str, np.ndarray]:
+        body = self.tokenizer.encode(text)
+        tokens = np.empty(body.size + 2, np.int32)
+        tokens[0], tokens[1:-1], tokens[-1] = self.tokenizer.bos_id, body, self.tokenizer.eos_id
+        loss_mask = np.ones(tokens.size, np.float32)
+        loss_mask[0] = 0.0
+        return {"tokens": tokens, "loss_mask": loss_mask}
+
+
+def shuffle_seed(seed: int) -> int:
+    """A 32-bit shuffle seed derived from ``data.seed`` by hashing.
+
+    grain reshuffles epoch ``e`` with seed ``s + e``; hashing keeps neighbouring ``data.seed``
+    values from sharing permutations one epoch apart.
+    """
+    digest = hashlib.blake2b(f"seqmodels.data.shuffle:{seed}".encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "little")
+
+
+def train_document_stream(documents: Documents, *, seed: int, process_index: int = 0,
+                          process_count: int = 1) -> grain.MapDataset:
+    """This process's infinite stream of documents: reshuffled every epoch, one in ``process_count``."""
+    dataset = grain.MapDataset.source(documents).shuffle(seed=shuffle_seed(seed)).repeat(None)
+    return dataset[process_index::process_count]
+
+
+def text_train_dataset(cfg: DataConfig, *, batch_size: int, process_index: int = 0,
+                       process_count: int = 1) -> grain.IterDataset:
+    """This process's infinite training batches over the corpus's train documents (module docstring)."""
+    split = load_documents(cfg)  # never leaves train empty: a lone document goes to train
+    stream = train_document_stream(split.train, seed=cfg.seed, process_index=process_index,
+                                   process_count=process_count)
+    stream = stream.map(FrameDocument(get_tokenizer(cfg.tokenizer)))
+    return pack_and_batch(stream.to_iter_dataset(_READ_OPTIONS), seq_len=cfg.seq_len, batch_size=batch_size)
+
+
+def text_eval_batches(cfg: DataConfig, *, batch_size: int, max_batches: int) -> list[dict]:
+    """Up to ``max_batches`` batches over the held-out documents in corpus order; ``DataError`` if none is held out."""
+    split = load_documents(cfg)
+    if not len(split.heldout):
+        raise DataError(f"data.heldout_fraction={cfg.heldout_fraction}: no held-out documents "
+                        f"among the {len(split.train)} of data.source={cfg.source!r}; "
+                        "use a corpus with at least two documents")
+    stream = grain.MapDataset.source(split.heldout).map(FrameDocument(get_tokenizer(cfg.tokenizer)))
+    batches = pack_and_batch(stream.to_iter_dataset(_READ_OPTIONS), seq_len=cfg.seq_len,
+                             batch_size=batch_size, drop_remainder=False)
+    result = []
+    for batch in batches:
+        result.append(pad_batch(batch, batch_size))
+        if len(result) == max_batches:
+            break
+    return result
+
+
+def tokenizer_vocab_size(cfg: DataConfig) -> int:
+    """The vocabulary of ``data.tokenizer``."""
+    return get_tokenizer(cfg.tokenizer).vocab_size
+
+
+def describe_corpus(cfg: DataConfig) -> str:
+    """Source, train / held-out document counts, size."""
+    return load_documents(cfg).describe()
+
+
+def corpus_source(documents: Callable[[DataConfig], tuple[Documents, str]],
+                  check: Callable[[DataConfig], None] | None = None) -> DataSource:
+    """The entry of a document corpus whose documents ``documents(cfg) -> (documents, location)`` lists."""
+    extra = {"check": check} if check else {}
+    return DataSource(train=text_train_dataset, eval=text_eval_batches, vocab_size=tokenizer_vocab_size,
+                      describe=describe_corpus, documents=documents, **extra)
+
+
+register_source("stdlib", corpus_source(stdlib_corpus))
+register_source("text_files", corpus_source(text_files_corpus, check=require_path))
+register_source("arrayrecord", corpus_source(arrayrecord_corpus, check=require_path))

@@ -1,0 +1,104 @@
+"""The data-source registry: every source registered and complete, duplicates and unknown names refused."""
+
+import inspect
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import write_corpus
+from seqmodels.config import ConfigError, DataConfig
+from seqmodels.config_io import load_config
+from seqmodels.data import (FIELDS, DataError, DataSource, describe_source, get_source, load_documents,
+                            make_eval_batches, make_train_dataset, register_source, required_vocab_size, source_names)
+from seqmodels.data.prepare import prepare_shards
+
+SEQ_LEN, BATCH = 24, 2
+
+
+def tiny_config(name: str, tmp_path: Path) -> DataConfig:
+    """A small configuration each registered source can make batches from (a new source adds its own)."""
+    corpus = write_corpus(tmp_path / "corpus", num_files=8)
+    if name == "arrayrecord":
+        prepare_shards(str(corpus / "*.txt"), str(tmp_path / "shards"), 2)
+    overrides = {
+        "stdlib": ["data.max_documents=20", "data.heldout_fraction=0.3"],
+        "text_files": [f"data.path={corpus / '*.txt'}", "data.heldout_fraction=0.3"],
+        "arrayrecord": [f"data.path={tmp_path / 'shards' / '*.array_record'}", "data.heldout_fraction=0.3"],
+        "mqar": ["data.synthetic.num_pairs=4"],
+        "selective_copy": ["data.synthetic.num_copy_tokens=4"],
+        "needle": [],
+        "cfl": ["data.cfl.languages=[dyck1]", "data.cfl.max_length=8"],
+    }
+    assert name in overrides, f"data source {name!r} has no tiny configuration in this test; add one"
+    return load_config(None, [f"data.source={name}", f"data.seq_len={SEQ_LEN}", *overrides[name]]).data
+
+
+def test_the_sources_of_every_module_are_registered_on_import():
+    assert set(source_names()) >= {"stdlib", "text_files", "arrayrecord", "mqar", "selective_copy", "needle", "cfl"}
+
+
+@pytest.mark.parametrize("name", source_names())
+def test_every_registered_source_is_complete_and_makes_batches_of_the_shared_format(name, tmp_path):
+    source = get_source(name)
+    assert isinstance(source, DataSource)
+    for hook in (source.train, source.eval, source.vocab_size, source.describe, source.check):
+        assert callable(hook), f"{name}: {hook!r} is not callable"
+    cfg = tiny_config(name, tmp_path)
+    inspect.signature(source.train).bind(cfg, batch_size=BATCH, process_index=0, process_count=1)
+    inspect.signature(source.eval).bind(cfg, batch_size=BATCH, max_batches=1)
+    vocab = required_vocab_size(cfg)
+    assert isinstance(vocab, int) and vocab >= 2
+    line = describe_source(cfg)
+    assert isinstance(line, str) and line
+    train = next(iter(make_train_dataset(cfg, batch_size=BATCH)))
+    evaluation = make_eval_batches(cfg, batch_size=BATCH, max_batches=1)
+    assert len(evaluation) == 1
+    for batch in (train, evaluation[0]):
+        assert set(batch) == set(FIELDS)
+        assert {batch[f].shape[0] for f in FIELDS} == {BATCH}
+        assert len({batch[f].shape for f in FIELDS}) == 1 and batch["inputs"].shape[1] <= SEQ_LEN
+        for tokens in (batch["inputs"], batch["targets"]):
+            assert tokens.dtype == np.int32 and 0 <= tokens.min() and tokens.max() < vocab
+        assert batch["loss_mask"].dtype == np.float32 and batch["loss_mask"].sum() > 0
+
+
+def test_a_name_is_registered_once_and_the_first_entry_stays():
+    first = get_source("stdlib")
+    other = DataSource(train=first.train, eval=first.eval, vocab_size=lambda cfg: 7, describe=first.describe)
+    with pytest.raises(ValueError, match="data source 'stdlib' is registered twice"):
+        register_source("stdlib", other)
+    assert get_source("stdlib") is first
+    with pytest.raises(TypeError, match="must be a DataSource"):
+        register_source("not_an_entry", object())
+    assert "not_an_entry" not in source_names()
+
+
+def test_an_unknown_source_is_a_config_error_naming_the_known_ones():
+    cfg = load_config(None, ["data.source=jsonl"]).data
+    calls = (lambda: make_train_dataset(cfg, batch_size=2), lambda: make_eval_batches(cfg, batch_size=2, max_batches=1),
+             lambda: required_vocab_size(cfg), lambda: describe_source(cfg), lambda: load_documents(cfg))
+    for call in calls:
+        with pytest.raises(ConfigError, match=r"data\.source: unknown source 'jsonl'; known sources: ") as error:
+            call()
+        assert all(name in str(error.value) for name in source_names())
+
+
+def test_a_source_reading_files_needs_data_path_before_it_reads():
+    for name in ("text_files", "arrayrecord"):
+        with pytest.raises(ConfigError, match=f"data.path: data.source={name} needs data.path"):
+            required_vocab_size(DataConfig(source=name))
+        with pytest.raises(ConfigError, match="needs data.path"):
+            make_train_dataset(DataConfig(source=name), batch_size=2)
+
+
+def test_load_documents_of_a_generated_source_names_the_corpora():
+    with pytest.raises(DataError, match=r"'mqar' is generated, not a document corpus; corpora: arrayrecord, stdlib"):
+        load_documents(DataConfig(source="mqar"))
+
+
+def test_every_config_file_names_a_registered_source():
+    files = sorted(Path("configs").glob("**/*.yaml"))
+    assert files, "configs/ holds no YAML"
+    for path in files:
+        assert load_config(path).data.source in source_names(), path
