@@ -162,8 +162,8 @@ class LoopedConfig:
 
     prelude_layers: int = describe("distinct blocks before the loop (0-2)", 1)
     coda_layers: int = describe("distinct blocks after the loop (0-2)", 1)
-    loop_schedule: Literal["log", "fixed"] = describe("log: loops(N) = ceil(loops_scale * log2 N) + loops_offset | fixed: fixed_loops",
-                                  "log")
+    loop_schedule: Literal["log", "fixed"] = describe(
+        "log: loops(N) = ceil(loops_scale * log2 N) + loops_offset | fixed: fixed_loops", "log")
     loops_scale: float = describe("c in loops(N) = ceil(c log2 N) + d", 1.0)
     loops_offset: int = describe("d in loops(N) = ceil(c log2 N) + d", 1)
     fixed_loops: int = describe("loop count when loop_schedule = fixed", 4)

@@ -77,3 +77,92 @@ def test_every_config_file_in_configs_loads():
     assert files, "configs/ holds no YAML"
     for path in files:
         load_config(path)
+
+
+def _literal_fields():
+    """``(dotted key, choices)`` of every ``Literal[...]`` field of the schema."""
+    import dataclasses
+    import typing
+
+    from seqmodels.config import Config
+
+    def walk(cls, prefix):
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if dataclasses.is_dataclass(hints[f.name]):
+                yield from walk(hints[f.name], f"{prefix}{f.name}.")
+            elif typing.get_origin(hints[f.name]) is typing.Literal:
+                yield f"{prefix}{f.name}", typing.get_args(hints[f.name])
+    return list(walk(Config, ""))
+
+
+def test_fields_of_fixed_choices_are_typed_literal():
+    keys = {key for key, _ in _literal_fields()}
+    assert keys >= {"model.compute_dtype", "model.kernel_impl", "model.remat", "model.kind",
+                    "model.attention.implementation", "model.atlas.eta_scales", "model.atlas.ns_coefficients",
+                    "model.muonssm.ns_coefficients", "model.looped.loop_schedule", "model.looped.attention",
+                    "model.looped.positions", "data.tokenizer", "optim.name", "optim.schedule", "log.progress"}
+    assert not keys & {"model.mixers", "data.source", "model.looped.mixer"}, "registries decide these"
+
+
+@pytest.mark.parametrize("key, choices", _literal_fields())
+def test_a_literal_field_refuses_another_value_listing_the_allowed_ones(key, choices, tmp_path):
+    listed = f"{', '.join(choices[:-1])} or {choices[-1]}" if len(choices) > 1 else choices[0]
+    message = f"{key}: must be {listed}, got 'sideways'"
+    with pytest.raises(ConfigError) as error:
+        load_config(None, [f"{key}=sideways"])
+    assert str(error.value) == message
+    section, _, name = key.rpartition(".")
+    path = tmp_path / "x.yaml"
+    path.write_text("".join(f"{'  ' * depth}{part}:\n" for depth, part in enumerate(section.split(".")))
+                    + f"{'  ' * (section.count('.') + 1)}{name}: sideways\n")
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
+    assert str(error.value) == message
+
+
+@pytest.mark.parametrize("key, choices", _literal_fields())
+def test_a_literal_field_accepts_each_of_its_values(key, choices):
+    for choice in choices:
+        section, _, name = key.rpartition(".")
+        loaded = load_config(None, [f"{key}={choice}"])
+        for part in section.split("."):
+            loaded = getattr(loaded, part)
+        assert getattr(loaded, name) == choice
+
+
+def test_a_literal_field_is_checked_when_a_section_is_built_directly_too():
+    from seqmodels.config import LogConfig, ModelConfig
+    from seqmodels.config_mixers import AttentionConfig
+
+    with pytest.raises(ConfigError, match=r"^log.progress: must be auto, always or never, got 'sometimes'$"):
+        LogConfig(progress="sometimes")
+    with pytest.raises(ConfigError, match=r"^model.attention.implementation: must be auto, xla or cudnn, got 'flash'$"):
+        AttentionConfig(implementation="flash")
+    with pytest.raises(ConfigError, match=r"^model.compute_dtype: must be float32 or bfloat16, got 1$"):
+        ModelConfig(compute_dtype=1)
+
+
+def test_a_literal_value_must_be_the_string_itself_not_a_yaml_bool_or_number():
+    with pytest.raises(ConfigError, match=r"^log.progress: must be auto, always or never, got True$"):
+        load_config(None, ["log.progress=yes"])  # YAML 1.1 reads `yes` as true
+
+
+def test_help_config_lists_the_choices_of_literal_fields():
+    from seqmodels.config_io import help_text
+
+    lines = {line.split(" = ")[0]: line for line in help_text().splitlines()}
+    assert lines["model.remat"].endswith("(one of: none | full | dots | names)")
+    assert lines["optim.schedule"].endswith("(one of: cosine | linear | constant)")
+    assert "one of" not in lines["model.d_model"]
+
+
+def test_mixer_sections_live_in_config_mixers_and_are_re_exported():
+    import seqmodels.config as config
+    import seqmodels.config_mixers as config_mixers
+
+    for name in ("AttentionConfig", "SlidingWindowConfig", "AtlasConfig", "LoopedConfig"):
+        assert getattr(config, name) is getattr(config_mixers, name)
+        assert getattr(config_mixers, name).__module__ == "seqmodels.config_mixers"
+    defaults = load_config(None)
+    assert defaults.model.attention.causal is True and defaults.model.looped.mixer == "attention"
