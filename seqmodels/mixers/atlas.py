@@ -13,7 +13,7 @@ Per head h (head dimension ``D = d_model / H`` for keys, queries and values), fo
     (eta_scales = update:  S_t = theta_t S_{t-1} - G_t,  M_t = alpha_t M_{t-1} + eta_t NS_k(S_t))
     y_t = W_o concat_h( RMSNorm(M_t(phi(q_t))) * silu(W_g x_t) )
 
-``phi`` is the polynomial feature map of degree p (``atlas_memory``: ``F = D + sum_{i=2..p} R^i``
+``phi`` is the polynomial feature map of degree p (``feature_map`` below: ``F = D + sum_{i=2..p} R^i``
 features, learnable per-degree coefficients initialised to 1/i!), ``M`` a matrix ``[F, D]``
 (``memory_depth = 1``) or a 2-layer MLP with residual ``phi[:D] + silu(phi W1) W2``
 (``memory_depth = 2``, hidden ``E = memory_expansion * D``), starting every document from the
@@ -21,7 +21,7 @@ learnable ``M_0``; ``NS_0`` is the identity. ``clip_tau(g) = g min(1, tau / ||g|
 token's gradient (its norm over all weight matrices; ``tau = grad_clip``, 0 = no clipping). Exactly
 how the gradients are taken in chunks of ``b`` tokens (at the memory of the chunk start), how the
 window and the state stop at document boundaries, and how training (chunk-parallel) and decoding
-(token by token) compute it: ``atlas_recurrence``.
+(token by token) compute it: the op ``pallas_kernels.atlas_memory`` (``impl=model.kernel_impl``).
 
 Special cases (``model.atlas``): **Titans** is ``window = 1, poly_degree = 1, ns_steps = 0``
 (``configs/titans.yaml``); **OmegaNet** is ``ns_steps = 0`` with ``window > 1``.
@@ -48,24 +48,50 @@ matrices (``F D`` linear; ``F E + E D`` deep):
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
+
+from pallas_kernels.atlas_memory import (AtlasInputs, AtlasSettings, MemoryLayout, atlas_memory, atlas_memory_step,
+                                         init_state)
 
 from seqmodels.config import ModelConfig
 from seqmodels.layers.common import Dense, DenseOut, constant_param, param
 from seqmodels.layers.conv import ShortConv
 from seqmodels.layers.norms import RMSNorm
-from seqmodels.mixers.atlas_memory import MemoryLayout, feature_dim, feature_map, initial_coefficients
-from seqmodels.mixers.atlas_recurrence import AtlasInputs, AtlasSettings, chunked, init_state, run_steps
 from seqmodels.mixers.registry import register
-from seqmodels.sharding import constrain
+from seqmodels.sharding import constrain, kernel_spec
 
 GATES = ("alpha", "theta", "eta", "gamma")
 # Initial bias of each gate's logit: alpha starts at 0.953 of its range (0.995 for [0.9, 1], a
 # retention horizon of ~200 tokens, so the memory does not forget a document's start before it
 # has learnt what to keep); theta, eta and gamma start at the middle of their ranges.
 GATE_INITIAL_LOGITS = (3.0, 0.0, 0.0, 0.0)
+
+
+def feature_dim(key_dim: int, degree: int, poly_key_dim: int) -> int:
+    """``F = K + sum_{i=2..p} R^i``."""
+    return key_dim + sum(poly_key_dim**i for i in range(2, degree + 1))
+
+
+def initial_coefficients(degree: int) -> jax.Array:
+    """``[1/1!, 1/2!, ..., 1/p!]``."""
+    return jnp.asarray([1.0 / math.factorial(i) for i in range(1, degree + 1)], jnp.float32)
+
+
+def feature_map(keys: jax.Array, coefficients: jax.Array | None, poly_key_dim: int) -> jax.Array:
+    """``phi(keys)``: keys ``[..., H, K]``, coefficients ``[H, p]`` (None: p = 1, identity) -> ``[..., H, F]``."""
+    if coefficients is None:
+        return keys
+    degree = coefficients.shape[-1]
+    reduced = keys[..., :poly_key_dim]
+    blocks, power = [coefficients[:, 0:1] * keys], reduced
+    for i in range(2, degree + 1):
+        power = (power[..., :, None] * reduced[..., None, :]).reshape(*keys.shape[:-1], -1)
+        blocks.append(coefficients[:, i - 1:i] * power)
+    return jnp.concatenate(blocks, axis=-1)
 
 
 def memory_layout(config: ModelConfig) -> MemoryLayout:
@@ -78,8 +104,7 @@ def memory_layout(config: ModelConfig) -> MemoryLayout:
 def atlas_settings(config: ModelConfig) -> AtlasSettings:
     atlas = config.atlas
     return AtlasSettings(memory_layout(config), window=atlas.window, chunk_size=atlas.chunk_size,
-                         ns_steps=atlas.ns_steps, ns_coefficients=atlas.ns_coefficients, impl=config.kernel_impl,
-                         ns_dtype=config.compute_dtype, grad_clip=atlas.grad_clip,
+                         ns_steps=atlas.ns_steps, ns_coefficients=atlas.ns_coefficients, ns_dtype=config.compute_dtype, grad_clip=atlas.grad_clip,
                          eta_scales=atlas.eta_scales)
 
 
@@ -93,7 +118,7 @@ class Atlas(nnx.Module):
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
         atlas, heads, head_dim, d_model = config.atlas, config.num_heads, config.head_dim, config.d_model
         std = config.init_std
-        self.settings = atlas_settings(config)
+        self.settings, self.impl = atlas_settings(config), config.kernel_impl
         self.poly_key_dim = atlas.poly_key_dim
         self.ranges = tuple(getattr(atlas, f"{name}_range") for name in GATES)
 
@@ -139,11 +164,11 @@ class Atlas(nnx.Module):
             segment_ids = None  # decoding continues one document
         inputs, output_gate, conv_cache = self._inputs(x, segment_ids, None if cache is None else cache["conv"])
         initial = tuple(w.get_value() for w in self.initial_memory)
+        run = dict(impl=self.impl, partition_spec=kernel_spec(("batch", None, "heads", None), inputs.phi_k.shape))
         if cache is None:
-            y = chunked(inputs, initial, self.settings)
+            y = atlas_memory(inputs, initial, self.settings, **run)
         else:
-            starts = jnp.zeros(x.shape[:2], bool)
-            state, y = run_steps(cache["memory"], inputs, initial, self.settings, starts, ~starts)
+            state, y = atlas_memory_step(cache["memory"], inputs, initial, self.settings, **run)
             cache = {"conv": conv_cache, "memory": state}
         y = constrain(y, ("batch", "seq", "heads", "head_dim"))
         y = self.out_norm(y.astype(x.dtype), gate=output_gate)

@@ -14,7 +14,7 @@ from conftest import tiny_overrides
 from seqmodels.config import AtlasConfig, ConfigError, ModelConfig, SlidingWindowConfig
 from seqmodels.config_io import load_config, read_yaml
 from seqmodels.mixers import mixer_flops_per_token
-from seqmodels.mixers.atlas_memory import feature_map, initial_coefficients
+from seqmodels.mixers.atlas import feature_map, initial_coefficients
 from seqmodels.models import build_model, generate
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"

@@ -1,4 +1,4 @@
-"""The Atlas memory as pure functions: feature map, read-out, per-token gradients, orthogonalisation.
+"""The Atlas memory as pure functions: read-out, inner loss, per-token gradients, orthogonalisation.
 
 Per head, a memory ``M`` maps a feature vector ``phi [F]`` to a value ``[V]``. It is a tuple of
 weight matrices (leading axes broadcast, e.g. ``[B, T, H, m, n]`` or ``[H, m, n]``):
@@ -6,16 +6,9 @@ weight matrices (leading axes broadcast, e.g. ``[B, T, H, m, n]`` or ``[H, m, n]
     linear (depth 1):  M = (W,)           W [F, V]                 M(phi) = phi W
     deep   (depth 2):  M = (W1, W2)       W1 [F, E], W2 [E, V]     M(phi) = phi[:V] + silu(phi W1) W2
 
-The residual ``phi[:V]`` of the deep memory is the degree-1 block of the features, ``c_1 k``
-(keys and values share the head dimension ``V``), so the MLP learns a correction to the identity.
-
-Feature map of a unit key ``k [K]`` with polynomial degree ``p`` and reduced key ``r = k[:R]``:
-
-    phi(k) = [ c_1 k,  c_2 vec(r (x) r),  ...,  c_p vec(r (x) ... (x) r) ]      F = K + sum_{i=2..p} R^i
-
-with learnable per-head coefficients ``c_i`` initialised to ``1/i!`` (a truncated exponential
-kernel); ``vec(r^(x)i)`` is the row-major flattening of the i-fold outer product. ``p = 1`` is
-``phi(k) = k`` exactly (no coefficient).
+The residual ``phi[:V]`` of the deep memory is the degree-1 block of the features (the caller's
+feature map puts the key first; keys and values share the head dimension ``V``), so the MLP learns
+a correction to the identity.
 
 Inner loss of one token and its gradient, in closed form (outer products, ``(x)``):
 
@@ -35,14 +28,13 @@ the identity (no normalisation either).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec
 
-from pallas_kernels import newton_schulz
-from seqmodels.sharding import kernel_spec
+from pallas_kernels.newton_schulz import newton_schulz
 
 
 @dataclass(frozen=True)
@@ -71,29 +63,6 @@ class MemoryLayout:
     def size(self) -> int:
         """Parameters of one head's memory (the width of its packed vector)."""
         return sum(m * n for m, n in self.shapes)
-
-
-def feature_dim(key_dim: int, degree: int, poly_key_dim: int) -> int:
-    """``F = K + sum_{i=2..p} R^i``."""
-    return key_dim + sum(poly_key_dim**i for i in range(2, degree + 1))
-
-
-def initial_coefficients(degree: int) -> jax.Array:
-    """``[1/1!, 1/2!, ..., 1/p!]``."""
-    return jnp.asarray([1.0 / math.factorial(i) for i in range(1, degree + 1)], jnp.float32)
-
-
-def feature_map(keys: jax.Array, coefficients: jax.Array | None, poly_key_dim: int) -> jax.Array:
-    """``phi(keys)``: keys ``[..., H, K]``, coefficients ``[H, p]`` (None: p = 1, identity) -> ``[..., H, F]``."""
-    if coefficients is None:
-        return keys
-    degree = coefficients.shape[-1]
-    reduced = keys[..., :poly_key_dim]
-    blocks, power = [coefficients[:, 0:1] * keys], reduced
-    for i in range(2, degree + 1):
-        power = (power[..., :, None] * reduced[..., None, :]).reshape(*keys.shape[:-1], -1)
-        blocks.append(coefficients[:, i - 1:i] * power)
-    return jnp.concatenate(blocks, axis=-1)
 
 
 def _matvec(vector, matrix):
@@ -158,26 +127,25 @@ def unpack(packed: jax.Array, layout: MemoryLayout) -> tuple:
 
 
 def orthogonalize(momenta: tuple, layout: MemoryLayout, *, steps: int, coefficients: str, impl: str,
-                  lead_axes: tuple, dtype="float32") -> tuple:
+                  lead_spec: PartitionSpec | None = None, dtype="float32") -> tuple:
     """``NS_k`` of every weight matrix in one batched ``newton_schulz`` call (identity when steps = 0).
 
-    ``lead_axes`` are the logical names of the leading axes of the momenta (for shard-local
-    execution under a mesh), e.g. ``("batch", None, "heads")``. The call runs on ``dtype``
-    operands (bfloat16: bf16 matmuls with float32 accumulation); results are float32.
+    ``lead_spec`` shards the leading axes of the momenta (e.g. ``[B, b, H]``) for shard-local
+    execution under a mesh; None off-mesh. The call runs on ``dtype`` operands (bfloat16: bf16
+    matmuls with float32 accumulation); results are float32.
     """
     if steps == 0:
         return momenta
     momenta = tuple(m.astype(dtype) for m in momenta)
     if not layout.deep:
-        spec = kernel_spec(lead_axes, momenta[0].shape[:len(lead_axes)])
-        out = newton_schulz(momenta[0], steps=steps, coefficients=coefficients, impl=impl, partition_spec=spec)
+        out = newton_schulz(momenta[0], steps=steps, coefficients=coefficients, impl=impl, partition_spec=lead_spec)
         return (out.astype(jnp.float32),)
     w1, w2 = momenta
     pad_rows = layout.feature_dim - layout.value_dim
     w2t = jnp.swapaxes(w2, -1, -2)
     w2t = jnp.pad(w2t, [(0, 0)] * (w2t.ndim - 2) + [(0, pad_rows), (0, 0)])
     stacked = jnp.stack([w1, w2t], axis=-3)  # [..., 2, F, E]
-    spec = kernel_spec(lead_axes + (None,), stacked.shape[:len(lead_axes) + 1])
+    spec = None if lead_spec is None else PartitionSpec(*lead_spec, None)
     result = newton_schulz(stacked, steps=steps, coefficients=coefficients, impl=impl,
                            partition_spec=spec).astype(jnp.float32)
     return result[..., 0, :, :], jnp.swapaxes(result[..., 1, :layout.value_dim, :], -1, -2)

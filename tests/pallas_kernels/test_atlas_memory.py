@@ -1,4 +1,4 @@
-"""The Atlas recurrence: chunk-parallel form == sequential reference (values and gradients), the
+"""pallas_kernels.atlas_memory, the Atlas recurrence: chunk-parallel form == sequential reference (values and gradients), the
 online rule at chunk size 1, document isolation, and zero momentum without NaN."""
 
 import dataclasses
@@ -10,11 +10,16 @@ import numpy as np
 import pytest
 
 from pallas_kernels import newton_schulz
-from seqmodels.mixers.atlas_memory import (MemoryLayout, feature_dim, feature_map, initial_coefficients, memory_apply,
-                                           memory_loss)
-from seqmodels.mixers.atlas_recurrence import AtlasInputs, AtlasSettings, chunked, reference
+from pallas_kernels.atlas_memory import (AtlasInputs, AtlasSettings, MemoryLayout, atlas_memory, atlas_memory_step,
+                                         init_state, memory_apply, memory_loss)
+from seqmodels.mixers.atlas import feature_dim, feature_map, initial_coefficients
 
 pytestmark = pytest.mark.xdist_group("atlas_recurrence")  # one worker: jitted programs are reused
+
+# The two forms compared: the chunk-parallel form (impl "xla", its linear scans and Newton-Schulz
+# calls by their xla forms too) and the token-by-token oracle.
+chunked = functools.partial(atlas_memory)
+reference = functools.partial(atlas_memory, impl="reference")
 
 BATCH, LENGTH, HEADS, KEY_DIM, REDUCED = 2, 10, 2, 4, 3
 # Row 0 packs three documents (the second starts mid-chunk) and ends in padding; row 1 is one document.
@@ -57,14 +62,14 @@ def evaluate(form, inputs, initial, settings):
 
 CASES = {
     # deep MLP memory, degree-2 features, window 3 across chunks of 4, Muon NS (k = 5), ragged length 10
-    "deep-p2-c3-b4-k5": (True, 2, AtlasSettings(None, window=3, chunk_size=4, ns_steps=5, impl="xla")),
+    "deep-p2-c3-b4-k5": (True, 2, AtlasSettings(None, window=3, chunk_size=4, ns_steps=5)),
     # linear memory, identity features, window 6 > chunk 4 (reaches two chunks back), no NS (OmegaNet rule)
-    "linear-p1-c6-b4-k0": (False, 1, AtlasSettings(None, window=6, chunk_size=4, ns_steps=0, impl="xla")),
+    "linear-p1-c6-b4-k0": (False, 1, AtlasSettings(None, window=6, chunk_size=4, ns_steps=0)),
     # linear memory, degree-2 features, Muon NS with eta on the orthogonalised update (Muon's learning rate)
-    "linear-p2-c2-b4-k5-update": (False, 2, AtlasSettings(None, window=2, chunk_size=4, ns_steps=5, impl="xla",
+    "linear-p2-c2-b4-k5-update": (False, 2, AtlasSettings(None, window=2, chunk_size=4, ns_steps=5,
                                                           eta_scales="update")),
     # Titans (c = 1, p = 1, k = 0) with deep memory and the inner gradient clipped at a norm that most tokens exceed
-    "deep-p1-c1-b4-k0-clip": (True, 1, AtlasSettings(None, window=1, chunk_size=4, ns_steps=0, impl="xla",
+    "deep-p1-c1-b4-k0-clip": (True, 1, AtlasSettings(None, window=1, chunk_size=4, ns_steps=0,
                                                      grad_clip=0.5)),
 }
 
@@ -73,7 +78,7 @@ def settings_for(name):
     deep, degree, settings = CASES[name]
     inputs, initial, layout = make_case(deep, degree)
     return inputs, initial, AtlasSettings(layout, settings.window, settings.chunk_size, settings.ns_steps,
-                                          impl=settings.impl, grad_clip=settings.grad_clip,
+                                          grad_clip=settings.grad_clip,
                                           eta_scales=settings.eta_scales)
 
 
@@ -123,7 +128,7 @@ def online_rule(inputs, initial, layout, window, ns_steps):
 
 def test_chunk_size_one_is_the_fully_online_rule():
     inputs, initial, settings = settings_for("deep-p2-c3-b4-k5")
-    online = AtlasSettings(settings.layout, window=3, chunk_size=1, ns_steps=5, impl="xla")
+    online = AtlasSettings(settings.layout, window=3, chunk_size=1, ns_steps=5)
     expected = online_rule(inputs, initial, settings.layout, window=3, ns_steps=5)
     tolerance = scale_tolerance(online) * float(jnp.abs(expected).max())
     np.testing.assert_allclose(jax.jit(chunked, static_argnums=2)(inputs, initial, online), expected, atol=tolerance)
@@ -227,7 +232,7 @@ def test_gradient_clip_bounds_the_memory_where_the_chunked_step_overshoots():
     ones = jnp.ones((1, length, 1))
     inputs = AtlasInputs(key, values, key, ones, 0 * ones, eta * ones, ones, jnp.ones((1, length), jnp.int32))
     initial = (jnp.zeros((1, KEY_DIM, KEY_DIM)),)
-    plain = AtlasSettings(layout, window=1, chunk_size=16, ns_steps=0, impl="xla")
+    plain = AtlasSettings(layout, window=1, chunk_size=16, ns_steps=0)
     y_plain = chunked(inputs, initial, plain)
     assert not bool(jnp.all(jnp.abs(y_plain) < 1e6))  # overflowed or astronomically large
     y = chunked(inputs, initial, dataclasses.replace(plain, grad_clip=tau))
@@ -249,8 +254,33 @@ def test_linear_memory_retrieves_a_value_written_with_a_full_delta_step():
                          jnp.ones((1, LENGTH), jnp.int32))
     initial = (jnp.zeros((1, KEY_DIM, KEY_DIM)),)
     for chunk_size in (1, 4):
-        settings = AtlasSettings(layout, window=1, chunk_size=chunk_size, ns_steps=0, impl="xla")
+        settings = AtlasSettings(layout, window=1, chunk_size=chunk_size, ns_steps=0)
         y = chunked(inputs, initial, settings)
         # The query is the first key: its value comes back until the fifth token rewrites that key.
         np.testing.assert_allclose(y[0, :KEY_DIM, 0], jnp.broadcast_to(values[0, 0, 0], (KEY_DIM, KEY_DIM)),
                                    atol=1e-5)
+
+
+def test_impl_and_partition_spec_are_checked_before_tracing():
+    inputs, initial, settings = settings_for("linear-p1-c6-b4-k0")
+    with pytest.raises(ValueError, match="impl must be one of"):
+        atlas_memory(inputs, initial, settings, impl="triton")
+    with pytest.raises(ValueError, match="must not shard the time axis"):
+        atlas_memory(inputs, initial, settings, partition_spec=jax.sharding.PartitionSpec(None, "data"))
+    with pytest.raises(ValueError, match="settings must be an AtlasSettings"):
+        atlas_memory(inputs, initial, {"window": 1})
+
+
+def test_decoding_steps_from_the_initial_state_equal_the_reference_on_one_document():
+    inputs, initial, settings = settings_for("deep-p2-c3-b4-k5")
+    one_document = inputs._replace(segment_ids=jnp.ones_like(inputs.segment_ids))
+    state = init_state(BATCH, initial, settings)
+    half = LENGTH // 2
+    first, second = (jax.tree.map(lambda x, part=part: x[:, part], one_document)
+                     for part in (slice(0, half), slice(half, None)))
+    state, y_first = atlas_memory_step(state, first, initial, settings, impl="xla")
+    state, y_second = atlas_memory_step(state, second, initial, settings, impl="xla")
+    expected = reference(one_document, initial, settings)
+    tolerance = scale_tolerance(settings)  # Newton-Schulz by its xla form against its reference
+    np.testing.assert_allclose(jnp.concatenate([y_first, y_second], axis=1), expected, atol=tolerance, rtol=tolerance)
+    assert int(state["position"]) == LENGTH

@@ -1,0 +1,92 @@
+"""The Atlas memory recurrence (Behrouz et al., "ATLAS: Learning to Optimally Memorize the Context at Test Time", 2025).
+
+Per batch row and head, over the tokens t of a row, with chunks of ``b`` row positions
+``[n b, (n + 1) b)`` and the memory functions of ``memory.py`` (``M_0`` is the learnable
+initial memory, ``l`` the inner loss ``|| M(phi(k)) - v ||^2``):
+
+    start_t   t is the first token of its document (t = 0, or segment_ids changes at t)
+    valid_t   segment_ids_t != 0                        (padding adds no gradient)
+    base(t)   M_{s-1}, s = first token of t's chunk     if t's document started before s
+              M_0                                       if it started at or after s
+    g_t     = gamma_t valid_t clip_tau(grad_M l(base(t); k_t, v_t))     clip_tau(g) = g min(1, tau / ||g||)
+    G_t     = sum_{i = max(t - c + 1, first token of t's document)}^{t} g_i       (Omega window)
+    S_t     = theta_t S_{t-1} - eta_t G_t               with S_{t-1} := 0    at a document start
+    M_t     = alpha_t M_{t-1} + NS_k(S_t)                with M_{t-1} := M_0  at a document start
+              (eta_scales = "update": S_t = theta_t S_{t-1} - G_t and M_t = alpha_t M_{t-1} + eta_t NS_k(S_t))
+    y_t     = M_t(phi(q_t))
+
+So every token's gradient is taken at the memory of the start of its chunk (the window reaches
+back into earlier chunks, whose gradients were taken at *their* chunk starts), and nothing
+(memory, momentum, window) crosses a document boundary. ``||g||`` is the Frobenius norm over all
+of the memory's weight matrices; ``tau = grad_clip``, 0 for no clipping. With ``b = 1``,
+``base(t) = M_{t-1}``: the fully online rule. The chunk grid follows the row, not the document: a
+document that starts mid-row shares its first chunk with the previous document's tail (but not
+its state).
+
+Forms (``impl``): ``reference`` (``reference.py``: ``step`` scanned over the row, gradients by
+``jax.grad`` and Newton-Schulz by its reference: slow and obviously right), ``xla`` (``xla.py``: the
+chunk-parallel form around ``linear_scan`` and ``newton_schulz``, whose own ``impl`` is the same
+value), ``pallas`` (the chunk-parallel form on the Pallas ``linear_scan`` / ``newton_schulz``
+kernels; no fused Atlas kernel yet), ``auto`` (``pallas`` on GPU, ``xla`` on CPU).
+``atlas_memory_step`` advances a decoding state by the given tokens, one at a time.
+
+Shapes: ``phi_k, phi_q [B, T, H, F]``, ``values [B, T, H, V]``, gates ``[B, T, H]``, ``segment_ids
+[B, T]``; ``initial_memory`` one ``[H, m, n]`` array per weight matrix of ``MemoryLayout.shapes``;
+outputs ``y [B, T, H, V]`` float32. ``partition_spec`` gives how ``[B, T, H, ...]`` inputs are sharded
+(batch and head entries; time None) so that the kernels inside run shard-local under a mesh.
+"""
+
+from __future__ import annotations
+
+from jax.sharding import PartitionSpec
+
+from pallas_kernels import _common
+from pallas_kernels.atlas_memory import reference, xla
+from pallas_kernels.atlas_memory.inputs import (AtlasInputs, AtlasSettings, batch_and_heads, check_inputs,
+                                              document_flags)
+from pallas_kernels.atlas_memory.memory import MemoryLayout, memory_apply, memory_loss
+
+__all__ = ["AtlasInputs", "AtlasSettings", "MemoryLayout", "atlas_memory", "atlas_memory_step", "init_state",
+           "memory_apply", "memory_loss"]
+
+init_state = reference.init_state
+
+
+def _check(inputs, initial_memory, settings, partition_spec) -> None:
+    if not isinstance(settings, AtlasSettings):
+        raise ValueError(f"settings must be an AtlasSettings, got {type(settings).__name__}")
+    check_inputs(inputs, initial_memory, settings.layout)
+    _common.check_partition_spec(partition_spec, 4)
+
+
+def atlas_memory(inputs: AtlasInputs, initial_memory: tuple, settings: AtlasSettings, *, impl: str = "auto",
+                 partition_spec: PartitionSpec | None = None):
+    """Outputs ``y [B, T, H, V]`` (float32) of the recurrence over whole rows (module docstring).
+
+    Args:
+      inputs: the per-token ``AtlasInputs`` (float32 features, values and gates; int segment ids).
+      initial_memory: ``M_0`` as one ``[H, m, n]`` array per weight matrix.
+      settings: window, chunk size, Newton-Schulz steps and schedule, clip, where eta scales.
+      impl: ``"auto" | "reference" | "xla" | "pallas"``.
+      partition_spec: how the ``[B, T, H, ...]`` inputs are sharded, e.g. ``P(("data", "fsdp"), None, "tensor")``.
+    """
+    _check(inputs, initial_memory, settings, partition_spec)
+    impl = _common.resolve_impl(impl)
+    if impl == "reference":
+        return reference.reference(inputs, initial_memory, settings)
+    return xla.chunked(inputs, initial_memory, settings, impl=impl, partition_spec=partition_spec)
+
+
+def atlas_memory_step(state: dict, inputs: AtlasInputs, initial_memory: tuple, settings: AtlasSettings, *,
+                      impl: str = "auto", partition_spec: PartitionSpec | None = None):
+    """``(state, y [B, T, H, V])``: the decoding ``state`` (``init_state``) advanced token by token.
+
+    The tokens continue the state's document; a change of segment id among them starts a new one
+    (as in training) and a segment id of 0 adds no gradient.
+    """
+    _check(inputs, initial_memory, settings, partition_spec)
+    starts, valid = document_flags(inputs.segment_ids)
+    starts = starts.at[:, 0].set(False)  # the first token continues the state's document
+    spec = None if partition_spec is None else PartitionSpec(*batch_and_heads(partition_spec))  # [B, H] leads
+    return reference.run_steps(state, inputs, initial_memory, settings, starts, valid,
+                               impl=_common.resolve_impl(impl), ns_spec=spec)

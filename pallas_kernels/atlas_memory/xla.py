@@ -1,0 +1,133 @@
+"""The Atlas memory recurrence in chunk-parallel form (pure JAX around ``linear_scan`` and ``newton_schulz``).
+
+The rule is in the package docstring (``pallas_kernels.atlas_memory``).
+``chunked`` (training) runs a ``lax.scan`` over chunks and is parallel inside a chunk:
+
+  1. per-token gradient factors at the carried chunk-start memory and at ``M_0`` (selected per
+     token by whether its document started in this chunk), as rank-1 pairs (left, right);
+  2. ``G`` for the chunk's b tokens by a banded mask over the chunk's tokens and the last
+     ``c - 1`` tokens of the previous chunks (carried): ``G_t = sum_i mask[t, i] left_i (x) right_i``;
+  3. ``S``: ``pallas_kernels.linear_scan`` over the chunk's per-token matrices
+     (``a_t = theta_t``, ``a_t = 0`` at a document start, ``b_t = -eta_t G_t``, or ``-G_t``);
+  4. ``NS_k(S_t)``: ONE batched ``newton_schulz`` call over every token's matrices;
+  5. ``M``: ``linear_scan`` with ``a_t = alpha_t`` (0 at a document start) and
+     ``b_t = NS_k(S_t) + [start_t] alpha_t M_0``;
+  6. the read-out of every token's ``M_t``.
+
+The chunk body is rematerialised (``jax.checkpoint``): the backward pass keeps only the carried
+states per chunk and recomputes one chunk's per-token matrices at a time.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec
+
+from pallas_kernels._chunks import pad_time
+from pallas_kernels.atlas_memory.inputs import (AtlasInputs, AtlasSettings, batch_and_heads, broadcast_memory,
+                                              document_flags)
+from pallas_kernels.atlas_memory.memory import clip_scale, gradient_factors, memory_apply, orthogonalize, pack, unpack
+from pallas_kernels.linear_scan import linear_scan
+
+
+def chunked(inputs: AtlasInputs, initial_memory: tuple, settings: AtlasSettings, *, impl: str,
+            partition_spec: PartitionSpec | None) -> jax.Array:
+    """Outputs ``y [B, T, H, V]`` (float32) of the recurrence, chunk-parallel (module docstring).
+
+    ``initial_memory``: ``M_0`` as one ``[H, m, n]`` array per weight matrix.
+    """
+    batch, length = inputs.segment_ids.shape
+    size, history = settings.chunk_size, settings.window - 1
+    starts, valid = document_flags(inputs.segment_ids)
+    document = jnp.cumsum(starts, axis=1, dtype=jnp.int32)
+    gamma = inputs.gamma * valid[..., None]
+    per_token = (inputs.phi_k, inputs.values, inputs.phi_q, inputs.alpha, inputs.theta, inputs.eta, gamma,
+                 starts, document)
+    num_chunks = -(-length // size)
+
+    def to_chunks(x):  # [B, T, ...] -> [N, B, b, ...]: chunk-major for the scan
+        x = pad_time(x, size)
+        return jnp.moveaxis(x.reshape(batch, num_chunks, size, *x.shape[2:]), 1, 0)
+
+    heads = inputs.phi_k.shape[2]
+    carry = (pack(broadcast_memory(initial_memory, batch), 2),
+             jnp.zeros((batch, heads, settings.layout.size), jnp.float32),
+             tuple(jnp.zeros((batch, history, heads, m), jnp.float32) for m, _ in settings.layout.shapes),
+             tuple(jnp.zeros((batch, history, heads, n), jnp.float32) for _, n in settings.layout.shapes),
+             jnp.full((batch, history), -1, jnp.int32))
+    body = jax.checkpoint(functools.partial(_chunk, initial_memory=initial_memory, settings=settings, impl=impl,
+                                            specs=_kernel_specs(partition_spec)))
+    _, outputs = jax.lax.scan(body, carry, tuple(to_chunks(x) for x in per_token))
+    outputs = jnp.moveaxis(outputs, 0, 1)
+    return outputs.reshape(batch, num_chunks * size, *outputs.shape[3:])[:, :length]
+
+
+def _token_gradients(memory, chunk, initial_memory, layout, clip):
+    """Rank-1 gradient factors of the chunk's tokens, clipped and gamma-weighted, at each token's base memory."""
+    phi_k, values, gamma, starts = chunk[0], chunk[1], chunk[6], chunk[7]
+    fresh = (jnp.cumsum(starts, axis=1) > 0)[..., None, None]  # document started inside this chunk
+    carried = unpack(memory, layout)  # [B, H, m, n]
+    # Both candidate base memories in one evaluation: [2, B, 1, H, m, n] against phi [B, b, H, F].
+    bases = tuple(jnp.stack([jnp.broadcast_to(m0, w.shape), w])[:, :, None] for m0, w in zip(initial_memory, carried))
+    stacked = tuple(jnp.broadcast_to(x, (2, *x.shape)) for x in (phi_k, values))
+    factors = gradient_factors(bases, *stacked, layout)
+    lefts = tuple(jnp.where(fresh, left[0], left[1]) for left, _ in factors)
+    rights = tuple(jnp.where(fresh, right[0], right[1]) for _, right in factors)
+    # ||left (x) right||_F = ||left|| ||right||: the norm of every token's gradient without forming it.
+    norm_sq = sum(jnp.sum(jnp.square(left), -1) * jnp.sum(jnp.square(right), -1) for left, right in zip(lefts, rights))
+    weight = (gamma * clip_scale(norm_sq, clip))[..., None]
+    return tuple(left * weight for left in lefts), rights
+
+
+def _window_sums(lefts, rights, window_carry, document, window):
+    """``G_t`` for the chunk's tokens from the carried ``c - 1`` tokens and the chunk: ``[B, b, H, m, n]`` each."""
+    carried_lefts, carried_rights, carried_document = window_carry
+    size = document.shape[1]
+    ext_lefts = tuple(jnp.concatenate(pair, axis=1) for pair in zip(carried_lefts, lefts))
+    ext_rights = tuple(jnp.concatenate(pair, axis=1) for pair in zip(carried_rights, rights))
+    ext_document = jnp.concatenate([carried_document, document], axis=1)
+    token = jnp.arange(size)[:, None]
+    extended = jnp.arange(size + window - 1)[None, :]  # extended index i is chunk token i - (c - 1)
+    band = (extended >= token) & (extended <= token + window - 1)
+    mask = (band[None] & (ext_document[:, None, :] == document[:, :, None])).astype(jnp.float32)
+    sums = tuple(jnp.einsum("bti,bihm,bihn->bthmn", mask, left, right) for left, right in zip(ext_lefts, ext_rights))
+    new_carry = (tuple(x[:, size:] for x in ext_lefts), tuple(x[:, size:] for x in ext_rights),
+                 ext_document[:, size:])
+    return sums, new_carry
+
+
+def _kernel_specs(partition_spec):
+    """``(linear_scan spec of [B, b, H, P], newton_schulz spec of the leading [B, b, H])`` from the inputs' spec."""
+    if partition_spec is None:
+        return None, None
+    batch, heads = batch_and_heads(partition_spec)
+    return PartitionSpec(batch, None, heads, None), PartitionSpec(batch, None, heads)
+
+
+def _scan(decay, update, initial, impl, spec):
+    """``linear_scan`` over the chunk's tokens: ``decay [B, b, H]`` broadcast over ``update [B, b, H, P]``."""
+    return linear_scan(jnp.broadcast_to(decay[..., None], update.shape), update, initial=initial, impl=impl,
+                       partition_spec=spec)
+
+
+def _chunk(carry, chunk, *, initial_memory, settings: AtlasSettings, impl: str, specs):
+    memory, momentum, *window_carry = carry
+    layout, (scan_spec, ns_spec) = settings.layout, specs
+    _, _, phi_q, alpha, theta, eta, _, starts, document = chunk
+    lefts, rights = _token_gradients(memory, chunk, initial_memory, layout, settings.grad_clip)
+    sums, window_carry = _window_sums(lefts, rights, window_carry, document, settings.window)
+    keep = 1.0 - starts.astype(jnp.float32)
+    on_update = settings.eta_scales == "update"
+    gradient_scale = -1.0 if on_update else -eta[..., None]
+    momenta = _scan(theta * keep[..., None], gradient_scale * pack(sums, 3), momentum, impl, scan_spec)
+    orthogonal = orthogonalize(unpack(momenta, layout), layout, steps=settings.ns_steps,
+                               coefficients=settings.ns_coefficients, impl=impl,
+                               lead_spec=ns_spec, dtype=settings.ns_dtype)
+    reset = (alpha * starts[..., None])[..., None] * pack(initial_memory, 1)
+    update = eta[..., None] * pack(orthogonal, 3) if on_update else pack(orthogonal, 3)
+    memories = _scan(alpha * keep[..., None], update + reset, memory, impl, scan_spec)
+    outputs = memory_apply(unpack(memories, layout), phi_q, layout)
+    return (memories[:, -1], momenta[:, -1], *window_carry), outputs
