@@ -176,8 +176,8 @@ class DataConfig:
                                   factory=CflDataConfig)
 
     def __post_init__(self):
-        # data.source names a registered source: the registry (seqmodels.data.sources) refuses an unknown one, and
-        # a source's own needs (text_files: data.path) are its `check`. What is checked here is checked at load.
+        # data.source is looked up in the source registry (seqmodels.data.sources), which refuses an unknown name
+        # and runs the source's own check (text_files, arrayrecord: data.path); the checks below run at load.
         _require_choices(self, "data")
         self.synthetic.check_fits(self.source, self.seq_len)
         _require(self.source != "cfl" or self.seq_len >= self.cfl.max_length + 2, "data.seq_len",

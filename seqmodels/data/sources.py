@@ -39,7 +39,7 @@ class EvalBatches(Protocol):
         ``loss_mask`` 0), deterministic and the same on every process."""
 
 
-def _no_check(cfg: DataConfig) -> None:
+def no_check(cfg: DataConfig) -> None:
     """Nothing to check beyond what ``DataConfig`` checks at load."""
 
 
@@ -59,7 +59,7 @@ class DataSource:
     eval: EvalBatches
     vocab_size: Callable[[DataConfig], int]
     describe: Callable[[DataConfig], str]
-    check: Callable[[DataConfig], None] = _no_check
+    check: Callable[[DataConfig], None] = no_check
     documents: Callable[[DataConfig], tuple[Sequence[str], str]] | None = None
 
 

@@ -28,7 +28,7 @@ from seqmodels.config import DataConfig
 from seqmodels.data.corpus import (DataError, Documents, arrayrecord_corpus, load_documents, require_path,
                                    stdlib_corpus, text_files_corpus)
 from seqmodels.data.packing import pack_and_batch, pad_batch
-from seqmodels.data.sources import DataSource, register_source
+from seqmodels.data.sources import DataSource, no_check, register_source
 from seqmodels.data.tokenizers import ByteTokenizer, get_tokenizer
 
 # Documents are read and tokenized ahead of the packer by a few threads; one document fills tens of
@@ -107,11 +107,10 @@ def describe_corpus(cfg: DataConfig) -> str:
 
 
 def corpus_source(documents: Callable[[DataConfig], tuple[Documents, str]],
-                  check: Callable[[DataConfig], None] | None = None) -> DataSource:
+                  check: Callable[[DataConfig], None] = no_check) -> DataSource:
     """The entry of a document corpus whose documents ``documents(cfg) -> (documents, location)`` lists."""
-    extra = {"check": check} if check else {}
     return DataSource(train=text_train_dataset, eval=text_eval_batches, vocab_size=tokenizer_vocab_size,
-                      describe=describe_corpus, documents=documents, **extra)
+                      describe=describe_corpus, check=check, documents=documents)
 
 
 register_source("stdlib", corpus_source(stdlib_corpus))
