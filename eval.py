@@ -31,7 +31,7 @@ def parse_args(argv):
     parser.add_argument("--lengths", default="16,32,48,64,96,128", help="cfl: string lengths to evaluate")
     parser.add_argument("--examples", type=int, default=256, help="cfl: strings per language and length")
     parser.add_argument("--cfl-seed", type=int, default=1234,
-                        help="cfl: seed of the evaluation strings (benchmarks/cfl.py's --eval-seed default is 1234)")
+                        help="cfl: seed of the evaluation strings (experiments/cfl/run.py's --eval-seed default is 1234)")
     parser.add_argument("--out", help="JSON path (default: <run>/eval.json)")
     return parser.parse_args(argv)
 

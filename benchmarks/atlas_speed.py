@@ -35,10 +35,10 @@ from flax import nnx
 from seqmodels.config import MeshConfig
 from seqmodels.config_io import load_config
 from seqmodels.mixers import MIXERS
+from pallas_kernels.atlas_memory.memory import orthogonalize
 from seqmodels.mixers.atlas import memory_layout
-from seqmodels.mixers.atlas_memory import orthogonalize
 from seqmodels.optim.build import build_optimizer
-from seqmodels.sharding import make_mesh, param_logical_axes
+from seqmodels.sharding import kernel_spec, make_mesh, param_logical_axes
 from seqmodels.training.state import abstract_model, count_params, init_train_state
 from seqmodels.training.step import make_train_step
 
@@ -110,7 +110,7 @@ def time_newton_schulz(config, shape: dict, warmup: int, iters: int) -> float:
 
     def forward(momenta):
         return orthogonalize(momenta, layout, steps=atlas.ns_steps, coefficients=atlas.ns_coefficients,
-                             impl=config.model.kernel_impl, lead_axes=("batch", None, "heads"),
+                             impl=config.model.kernel_impl, lead_spec=kernel_spec(("batch", None, "heads"), lead),
                              dtype=config.model.compute_dtype)
 
     @jax.jit

@@ -35,7 +35,7 @@ import jax.numpy as jnp  # noqa: E402
 
 from benchmarks.kernels import median_seconds  # noqa: E402
 from pallas_kernels import chunk_gla, gated_delta_rule  # noqa: E402
-from seqmodels.mixers import momentum  # noqa: E402
+from pallas_kernels.momentum_scan import momentum_delta_rule, momentum_scalar_decay  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "muonssm_cost"
 
@@ -57,16 +57,16 @@ def functions(chunk_size: int):
     return {
         "gated_delta_rule (xla)": lambda q, k, v, beta, g, h: gated_delta_rule(
             q, k, v, beta, g, scale=scale, chunk_size=chunk_size, impl="xla")[0],
-        "momentum_delta_rule (chunked)": lambda q, k, v, beta, g, h: momentum.momentum_delta_rule(
-            q, k, v, beta, g, h, scale=scale, chunk_size=chunk_size)[0],
+        "momentum_delta_rule (chunked)": lambda q, k, v, beta, g, h: momentum_delta_rule(
+            q, k, v, beta, g, h, scale=scale, chunk_size=chunk_size, impl="xla")[0],
         "momentum_delta_rule_reference (token scan)": lambda q, k, v, beta, g, h: (
-            momentum.momentum_delta_rule_reference(q, k, v, beta, g, h, scale=scale)[0]),
+            momentum_delta_rule(q, k, v, beta, g, h, scale=scale, impl="reference")[0]),
         "chunk_gla (xla)": lambda q, k, v, beta, g, h: chunk_gla(q, k, v, g, scale=scale, chunk_size=chunk_size,
                                                                  impl="xla")[0],
-        "momentum_scalar_decay (chunked)": lambda q, k, v, beta, g, h: momentum.momentum_scalar_decay(
-            q, k, v, g, h, scale=scale, chunk_size=chunk_size)[0],
+        "momentum_scalar_decay (chunked)": lambda q, k, v, beta, g, h: momentum_scalar_decay(
+            q, k, v, g, h, scale=scale, chunk_size=chunk_size, impl="xla")[0],
         "momentum_scalar_decay_reference (token scan)": lambda q, k, v, beta, g, h: (
-            momentum.momentum_scalar_decay_reference(q, k, v, g, h, scale=scale)[0]),
+            momentum_scalar_decay(q, k, v, g, h, scale=scale, impl="reference")[0]),
     }
 
 

@@ -14,7 +14,7 @@ from pallas_kernels.atlas_memory import (AtlasInputs, AtlasSettings, MemoryLayou
                                          init_state, memory_apply, memory_loss)
 from seqmodels.mixers.atlas import feature_dim, feature_map, initial_coefficients
 
-pytestmark = pytest.mark.xdist_group("atlas_recurrence")  # one worker: jitted programs are reused
+pytestmark = pytest.mark.xdist_group("atlas_memory")  # one worker: jitted programs are reused
 
 # The two forms compared: the chunk-parallel form (impl "xla", its linear scans and Newton-Schulz
 # calls by their xla forms too) and the token-by-token oracle.
