@@ -6,6 +6,9 @@ document*, so training on packed rows and decoding from a cache use one rule:
     visible(q, k) = seg_k != 0  and  seg_k == seg_q  and  pos_k <= pos_q
                     and (window is None  or  pos_q - pos_k < window  or  pos_k < num_sinks)
 
+(``causal=False`` drops ``pos_k <= pos_q``: every key of the query's segment, for bidirectional
+encoders such as the looped model's block.)
+
 ``window`` counts the keys a query sees, itself included; the first ``num_sinks`` tokens of each
 document stay visible to every later query of that document (attention sinks). Segment id 0 marks
 padding and empty cache slots. Attention itself is ``jax.nn.dot_product_attention`` (cuDNN on GPU
@@ -19,11 +22,13 @@ import jax.numpy as jnp
 
 
 def visibility_mask(q_segments, q_positions, k_segments, k_positions, *, window: int | None,
-                    num_sinks: int) -> jax.Array:
+                    num_sinks: int, causal: bool = True) -> jax.Array:
     """Boolean ``[B, 1, Tq, Tk]`` mask of the rule above; inputs are ``[B, Tq]`` and ``[B, Tk]`` ints."""
     q_seg, q_pos = q_segments[:, :, None], q_positions[:, :, None]
     k_seg, k_pos = k_segments[:, None, :], k_positions[:, None, :]
-    visible = (k_seg != 0) & (k_seg == q_seg) & (k_pos <= q_pos)
+    visible = (k_seg != 0) & (k_seg == q_seg)
+    if causal:
+        visible &= k_pos <= q_pos
     if window is not None:
         visible &= (q_pos - k_pos < window) | (k_pos < num_sinks)
     return visible[:, None]

@@ -5,8 +5,8 @@
 
 ``n_q``/``n_k`` are per-head RMSNorms when ``model.attention.qk_norm`` is set. The attribute names
 (``query``, ``key``, ``value``, ``out``, ``q_norm``, ``k_norm``) are the parameter paths that
-checkpoints, the PyTorch export and the Muon per-head mask rely on, for the causal mixer
-(``seqmodels.mixers.attention``) and the looped block (``seqmodels.models.looped_block``) alike.
+checkpoints, the PyTorch export and the Muon per-head mask rely on (``seqmodels.mixers.attention``,
+in the decoder LM and the looped model alike).
 """
 
 from __future__ import annotations

@@ -1,5 +1,8 @@
 """Softmax attention mixers: ``attention`` (causal, full context) and ``swa`` (sliding window + sinks).
 
+With ``model.attention.causal = false`` a query sees every key of its segment (bidirectional; the
+looped model's block sets it from ``model.looped.attention``); such a mixer has no decoding cache.
+
 Per head h, with RoPE applied to queries and keys at per-document positions:
 
     q_t = R(t) W_q x_t,  k_s = R(s) W_k x_s,  v_s = W_v x_s
@@ -17,7 +20,8 @@ layer, each followed by a SwiGLU MLP, pre-RMSNorm.
 FLOPs per token (forward): projections ``2 D (2 H Dh + 2 Hkv Dh)`` (plus ``2 K (H + 2 Hkv) Dh`` for
 the convolution) plus scores and values
 ``4 H Dh * mean_visible_keys``, where ``mean_visible_keys`` is ``(T + 1) / 2`` for causal attention
-over a row of T tokens, and the mean of ``min(t + 1, window + sinks)`` for a sliding window.
+over a row of T tokens (``T`` when bidirectional), and the mean of ``min(t + 1, window + sinks)`` for a sliding
+window.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
-from seqmodels.config import ModelConfig
+from seqmodels.config import ConfigError, ModelConfig
 from seqmodels.layers.attention import (attend, cache_capacity, init_kv_cache, update_kv_cache,
                                         visibility_mask)
 from seqmodels.layers.attention_projections import AttentionProjections
@@ -40,7 +44,10 @@ class Attention(AttentionProjections):
 
     def __init__(self, config: ModelConfig, *, window: int | None, num_sinks: int, rngs: nnx.Rngs):
         super().__init__(config, rngs=rngs)
-        self.window, self.num_sinks = window, num_sinks
+        self.window, self.num_sinks, self.causal = window, num_sinks, config.attention.causal
+        if window is not None and not self.causal:
+            raise ConfigError("model.attention.causal = false is bidirectional full attention; the sliding-window "
+                              "mixer (swa) is causal only")
         kernel = config.attention.conv_kernel
         heads, kv_heads = config.num_heads, self.kv_heads
         self.convs = nnx.List([ShortConv(width * self.head_dim, kernel, rngs=rngs, axis_name="heads")
@@ -69,6 +76,8 @@ class Attention(AttentionProjections):
             positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
         q, k, v, conv_cache = self._project(x, positions, segment_ids, cache)
         rule = dict(window=self.window, num_sinks=self.num_sinks)
+        if cache is not None and not self.causal:
+            raise ValueError("bidirectional attention (model.attention.causal = false) cannot decode from a cache")
         if cache is not None:
             ones = jnp.ones((batch, length), jnp.int32)
             keys = jnp.concatenate([cache["k"], k.astype(cache["k"].dtype)], axis=1)
@@ -78,11 +87,11 @@ class Attention(AttentionProjections):
             mask = visibility_mask(ones, positions, k_segments, k_positions, **rule)
             out = attend(q, keys.astype(q.dtype), values.astype(q.dtype), mask, implementation=self.implementation)
             cache = {**update_kv_cache(cache, k, v, positions, **rule), **conv_cache}
-        elif segment_ids is None and self.num_sinks == 0:
+        elif segment_ids is None and self.num_sinks == 0 and self.causal:
             out = attend(q, k, v, causal_window=self.window, implementation=self.implementation)
         else:
             segments = jnp.ones((batch, length), jnp.int32) if segment_ids is None else segment_ids
-            mask = visibility_mask(segments, positions, segments, positions, **rule)
+            mask = visibility_mask(segments, positions, segments, positions, causal=self.causal, **rule)
             out = attend(q, k, v, mask, implementation=self.implementation)
         out = checkpoint_name(constrain(out, ("batch", "seq", "heads", "head_dim")), "attention_out")
         return self.out(out), cache
@@ -95,8 +104,11 @@ class Attention(AttentionProjections):
         return cache
 
 
-def mean_visible_keys(seq_len: int, window: int | None, num_sinks: int = 0) -> float:
-    """Mean over positions t < seq_len of the keys a causal query sees."""
+def mean_visible_keys(seq_len: int, window: int | None, num_sinks: int = 0, *, causal: bool = True) -> float:
+    """Mean over positions t < seq_len of the keys a query sees (every key of the row when not causal:
+    full attention only)."""
+    if not causal:
+        return float(seq_len)
     if window is None:
         return (seq_len + 1) / 2
     limit = window + num_sinks
@@ -109,7 +121,8 @@ def _flops(config: ModelConfig, seq_len: int, window: int | None, num_sinks: int
     kv_heads = config.attention.num_kv_heads or heads
     projections = 2 * config.d_model * (2 * heads * head_dim + 2 * kv_heads * head_dim)
     projections += 2 * config.attention.conv_kernel * (heads + 2 * kv_heads) * head_dim
-    return projections + 4 * heads * head_dim * mean_visible_keys(seq_len, window, num_sinks)
+    visible = mean_visible_keys(seq_len, window, num_sinks, causal=config.attention.causal)
+    return projections + 4 * heads * head_dim * visible
 
 
 register("attention",

@@ -13,8 +13,12 @@ positions) and answers accept / reject at [CLS]::
     P(N)     = ceil(a * N^e)                  (padding_scale a = 0: no padding)
 
 [PAD] is a learned vector, inserted by the model, so the data carries only ``[BOS] w [CLS]`` (see
-``seqmodels.data.cfl_pipeline``). Attention is bidirectional or causal over the T positions, with
-RoPE at positions 0 .. T-1. RoPE puts no position into the residual stream (values are not
+``seqmodels.data.cfl_pipeline``). Every block is the decoder LM's pre-norm ``Block`` (a mixer, then
+SwiGLU) around the registered mixer ``model.looped.mixer`` (default ``attention``; a looped Gated
+DeltaNet is ``model.looped.mixer=gated_deltanet``), called through the ``Mixer`` interface with
+segment id 1 on the ``[BOS] w [PAD]* [CLS]`` positions and 0 on the empty ones after, at positions
+0 .. T-1. Attention is bidirectional or causal over those positions (``model.looped.attention``,
+which sets ``model.attention.causal`` for the blocks), with RoPE at positions 0 .. T-1. RoPE puts no position into the residual stream (values are not
 rotated), so a query cannot aim at a position computed from the input, such as the mirror
 ``2m - j`` of position j about the centre m of ``w#w^R``; ``positions: rope+sinusoidal`` adds fixed
 sinusoidal features of the position to the embeddings, in which such targets are bilinear. With
@@ -41,6 +45,7 @@ the block is paid once, not once per loop, and compile time does not grow with t
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
@@ -52,8 +57,8 @@ from seqmodels.config import LoopedConfig, ModelConfig
 from seqmodels.layers.common import param
 from seqmodels.layers.norms import RMSNorm
 from seqmodels.layers.rotary import sinusoidal_positions
-from seqmodels.models.lm import REMAT_POLICIES
-from seqmodels.models.looped_block import LoopBlock, attention_mask, block_flops_per_position
+from seqmodels.mixers import check_mixer_names, mixer_flops_per_token
+from seqmodels.models.lm import REMAT_POLICIES, Block
 from seqmodels.sharding import constrain
 from seqmodels.special_tokens import ACCEPT_ID, REJECT_ID
 
@@ -86,16 +91,31 @@ def row_layout(config: LoopedConfig, lengths: jax.Array, max_length: int) -> dic
             "readout": lengths + padding + 1}
 
 
+def block_config(config: ModelConfig) -> ModelConfig:
+    """The config the blocks are built from: ``model.attention.causal`` set by ``model.looped.attention``."""
+    causal = config.looped.attention == "causal"
+    return dataclasses.replace(config, attention=dataclasses.replace(config.attention, causal=causal))
+
+
+def _apply(block: Block, x: jax.Array, segment_ids: jax.Array, positions: jax.Array) -> jax.Array:
+    return block(x, segment_ids=segment_ids, positions=positions)[0]
+
+
 class LoopedModel(nnx.Module):
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
         looped = config.looped
+        check_mixer_names([looped.mixer], key="model.looped.mixer")
         self.config = config
         self.embed = param(rngs, (config.vocab_size, config.d_model), ("vocab", "embed"), std=config.init_std)
         self.pad_embedding = param(rngs, (config.d_model,), ("embed",), std=config.init_std)
-        self.prelude = nnx.List([LoopBlock(config, rngs=rngs) for _ in range(looped.prelude_layers)])
-        num_blocks = 1 if looped.share_weights else looped.fixed_loops
-        self.blocks = nnx.List([LoopBlock(config, rngs=rngs) for _ in range(num_blocks)])
-        self.coda = nnx.List([LoopBlock(config, rngs=rngs) for _ in range(looped.coda_layers)])
+        blocks = block_config(config)
+
+        def make(count: int) -> nnx.List:
+            return nnx.List([Block(looped.mixer, blocks, rngs) for _ in range(count)])
+
+        self.prelude = make(looped.prelude_layers)
+        self.blocks = make(1 if looped.share_weights else looped.fixed_loops)
+        self.coda = make(looped.coda_layers)
         self.final_norm = RMSNorm(config.d_model, eps=config.norm_eps)
         self.head = None if config.tie_embeddings else param(
             rngs, (config.d_model, config.vocab_size), ("embed", "vocab"), std=config.init_std)
@@ -130,7 +150,7 @@ class LoopedModel(nnx.Module):
         x = x.astype(dtype)
         return constrain(x, ("batch", "seq", "embed")), index <= readout
 
-    def _run_loop(self, x, inject, mask, positions, loops, max_loops: int):
+    def _run_loop(self, x, inject, segments, positions, loops, max_loops: int):
         """``max_loops`` iterations of the shared (or per-iteration) block; row b updates while ``i < loops[b]``."""
         reinject, shared = self.config.looped.reinject, self.config.looped.share_weights
         split = [nnx.split(block) for block in self.blocks]
@@ -141,7 +161,7 @@ class LoopedModel(nnx.Module):
         def iteration(x, step):
             index, step_state = step
             block = nnx.merge(graphdef, shared_state if shared else step_state)
-            updated = block(x + inject if reinject else x, mask, positions)
+            updated = _apply(block, x + inject if reinject else x, segments, positions)
             return jnp.where((index < loops)[:, None, None], updated, x), None
 
         if self.config.remat != "none":
@@ -153,16 +173,16 @@ class LoopedModel(nnx.Module):
         """The final hidden states ``[B, T, D]`` over the padded layout, and the layout."""
         layout = self.layout(tokens, segment_ids)
         x, valid = self._embed_padded(tokens, layout)
-        mask = attention_mask(valid, causal=self.config.looped.attention == "causal")
+        segments = valid.astype(jnp.int32)  # 1 on [BOS] w [PAD]* [CLS], 0 on the empty positions after
         positions = jnp.broadcast_to(jnp.arange(x.shape[1], dtype=jnp.int32), x.shape[:2])
         for block in self.prelude:
-            x = block(x, mask, positions)
+            x = _apply(block, x, segments, positions)
         inject = x
         start = jnp.zeros_like(x) if self.config.looped.reinject else x
         max_loops = self.max_loops(tokens.shape[1])
-        x = self._run_loop(start, inject, mask, positions, layout["loops"], max_loops)
+        x = self._run_loop(start, inject, segments, positions, layout["loops"], max_loops)
         for block in self.coda:
-            x = block(x, mask, positions)
+            x = _apply(block, x, segments, positions)
         return x, layout
 
     def __call__(self, tokens, *, segment_ids=None, positions=None):
@@ -203,14 +223,16 @@ def looped_flops_per_token(config: ModelConfig, seq_len: int) -> float:
     """Forward FLOPs per input token of rows of ``seq_len`` tokens (N_max = seq_len - 2).
 
     Every block runs on all ``T = seq_len + P(N_max)`` padded positions, ``prelude + loops(N_max) +
-    coda`` times (rows with fewer loops are masked, not skipped); the read-out head ``2 D V`` runs
-    once per row. Keys seen per query: T (bidirectional) or (T + 1) / 2 (causal).
+    coda`` times (rows with fewer loops are masked, not skipped): its mixer's registry formula over
+    rows of T (attention: keys seen per query T bidirectional, (T + 1) / 2 causal) plus SwiGLU
+    ``6 D F``; the read-out head ``2 D V`` runs once per row.
     """
     looped = config.looped
     total = seq_len + num_padding(looped, seq_len - 2)
-    visible = (total + 1) / 2 if looped.attention == "causal" else total
     blocks = looped.prelude_layers + num_loops(looped, seq_len - 2) + looped.coda_layers
-    per_row = blocks * total * block_flops_per_position(config, visible) + 2 * config.d_model * config.vocab_size
+    mlp = 6 * config.d_model * config.mlp_hidden if config.mlp else 0
+    per_position = mixer_flops_per_token(looped.mixer, block_config(config), total) + mlp
+    per_row = blocks * total * per_position + 2 * config.d_model * config.vocab_size
     return per_row / seq_len
 
 
