@@ -61,6 +61,9 @@ class ModelConfig:
         _require(self.init_std > 0, "model.init_std", "must be > 0")
         _require(self.atlas.poly_degree == 1 or self.atlas.poly_key_dim <= self.head_dim, "model.atlas.poly_key_dim",
                  f"{self.atlas.poly_key_dim} exceeds the head dimension d_model / num_heads = {self.head_dim}")
+        _require(self.kind == "looped" or self.attention.causal, "model.attention.causal",
+                 "false (bidirectional) is for the looped model's blocks (model.looped.attention); a decoder LM "
+                 "must be causal")
         _require(self.looped.positions == "rope" or self.d_model % 2 == 0, "model.looped.positions",
                  f"rope+sinusoidal needs an even model.d_model (sine and cosine pairs), got {self.d_model}")
         inner = self.mamba2.expand * self.d_model

@@ -33,6 +33,7 @@ import numpy as np
 from seqmodels.config import CflDataConfig, ConfigError, DataConfig
 from seqmodels.data.cfl import LANGUAGES, check_language, sample, sample_string, valid_lengths
 from seqmodels.data.cfl_recognisers import RECOGNISERS
+from seqmodels.data.sources import DataSource, register_source
 from seqmodels.special_tokens import ACCEPT_ID, CFL_FIXED_IDS, CLS_ID, EMPTY_ID, PAD_ID, REJECT_ID  # noqa: F401
 
 BOS_IDS = {name: CFL_FIXED_IDS + i for i, name in enumerate(LANGUAGES)}
@@ -202,8 +203,6 @@ def cfl_vocab_size(cfg: DataConfig) -> int:
     """``VOCAB_SIZE``: the fixed ids, one [BOS] per language, the symbols."""
     return VOCAB_SIZE
 
-
-from seqmodels.data.sources import DataSource, register_source  # noqa: E402
 
 register_source("cfl", DataSource(train=make_cfl_train_dataset, eval=make_cfl_eval_batches, vocab_size=cfl_vocab_size,
                                   describe=describe_cfl, check=check_cfl_config))

@@ -256,3 +256,28 @@ def test_memory_stays_flat_in_the_loop_count_with_remat_per_iteration():
     assert remat_32 - remat_4 <= 1.25 * 28 * residual_bytes  # measured: 1.0 x (3.7 MB on 9.4 MB)
     assert remat_32 < 1.6 * remat_4
     assert plain_32 > 10 * remat_32  # measured: 227 MB against 13 MB
+
+
+@pytest.mark.parametrize("mixer", ["gated_deltanet", "mamba2"])
+def test_the_looped_block_takes_any_registered_mixer(mixer):
+    """A looped Gated DeltaNet (or Mamba2) is configuration: its block is the mixer, its rows stay separate."""
+    config = dataclasses.replace(looped_config(mixer=mixer, attention="causal", padding_scale=1.0), kernel_impl="xla")
+    model = build_model(config, seed=5)
+    assert type(model.blocks[0].mixer).__name__ == {"gated_deltanet": "DeltaNet", "mamba2": "Mamba2"}[mixer]
+    lengths = (4, 10, 2)
+    batch = mixed_length_batch(lengths)
+    batched = forward(model, batch["inputs"], batch["segment_ids"])
+    for row, n in enumerate(lengths):
+        alone = forward(model, batch["inputs"][row:row + 1, :n + 2])
+        np.testing.assert_allclose(batched[row], alone[0], atol=FP32_TOL, rtol=FP32_TOL)
+    _, grads = loss_and_grad(model, batch)
+    assert all(float(jnp.abs(g).max()) > 0 for g in jax.tree.leaves(nnx.state(grads.blocks[0].mixer, nnx.Param)))
+
+
+def test_an_unknown_looped_mixer_and_a_bidirectional_sliding_window_are_refused():
+    with pytest.raises(ConfigError, match="model.looped.mixer: unknown mixer 'lstm'"):
+        build_model(looped_config(mixer="lstm"))
+    with pytest.raises(ConfigError, match="the sliding-window mixer \\(swa\\) is causal only"):
+        build_model(looped_config(mixer="swa", attention="bidirectional"))
+    with pytest.raises(ConfigError, match="model.attention.causal: false .* a decoder LM must be causal"):
+        ModelConfig(attention=dataclasses.replace(ModelConfig().attention, causal=False))
