@@ -58,6 +58,19 @@ def check_shape(name: str, x, expected: Sequence[int | None], layout: str) -> No
         raise ValueError(f"{name} must have shape {layout} = {want}, got {shape}")
 
 
+def check_qkv(q, k, v, **others) -> tuple[int, int, int, int]:
+    """Raise unless ``q, k, v`` (and ``others``) are floating, ``q [B, T, H, K]``, ``k`` of q's shape and
+    ``v [B, T, H, V]``; returns ``q.shape``."""
+    for name, x in (("q", q), ("k", k), ("v", v), *others.items()):
+        check_float(name, x)
+    if q.ndim != 4:
+        raise ValueError(f"q must have shape [B, T, H, K] (rank 4), got {tuple(q.shape)}")
+    batch, steps, heads, key_dim = q.shape
+    check_shape("k", k, q.shape, "[B, T, H, K]")
+    check_shape("v", v, (batch, steps, heads, None), "[B, T, H, V]")
+    return batch, steps, heads, key_dim
+
+
 def check_chunk_size(chunk_size) -> None:
     """Chunk sizes are powers of two >= 16 (Triton block shapes and matmul operand minimums)."""
     if not isinstance(chunk_size, int) or chunk_size < 16 or chunk_size & (chunk_size - 1):

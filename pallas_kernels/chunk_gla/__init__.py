@@ -32,13 +32,7 @@ __all__ = ["chunk_gla"]
 
 
 def _check(q, k, v, log_decay, scale, initial_state, chunk_size, partition_spec) -> None:
-    for name, x in (("q", q), ("k", k), ("v", v), ("log_decay", log_decay)):
-        _common.check_float(name, x)
-    if q.ndim != 4:
-        raise ValueError(f"q must have shape [B, T, H, K] (rank 4), got {tuple(q.shape)}")
-    batch, steps, heads, key_dim = q.shape
-    _common.check_shape("k", k, q.shape, "[B, T, H, K]")
-    _common.check_shape("v", v, (batch, steps, heads, None), "[B, T, H, V]")
+    batch, steps, heads, key_dim = _common.check_qkv(q, k, v, log_decay=log_decay)
     if log_decay.ndim == 3:
         _common.check_shape("log_decay", log_decay, (batch, steps, heads), "[B, T, H]")
     else:

@@ -31,13 +31,7 @@ __all__ = ["low_rank_newton_schulz", "momentum_delta_rule", "momentum_scalar_dec
 
 
 def _check(q, k, values, gates: dict, initial_state, initial_momentum, scale, chunk_size) -> None:
-    for name, x in (("q", q), ("k", k), ("v", values), *gates.items()):
-        _common.check_float(name, x)
-    if q.ndim != 4:
-        raise ValueError(f"q must have shape [B, T, H, K] (rank 4), got {tuple(q.shape)}")
-    batch, length, heads, key_dim = q.shape
-    _common.check_shape("k", k, q.shape, "[B, T, H, K] (the shape of q)")
-    _common.check_shape("v", values, (batch, length, heads, None), "[B, T, H, V]")
+    batch, length, heads, key_dim = _common.check_qkv(q, k, values, **gates)
     for name, gate in gates.items():
         _common.check_shape(name, gate, (batch, length, heads), "[B, T, H]")
     state_shape = (batch, heads, key_dim, values.shape[-1])
