@@ -26,6 +26,12 @@ def main(argv=None) -> int:
     if args.help_config:
         print(help_text())
         return 0
+    from seqmodels.launch import initialize_distributed
+    try:
+        initialize_distributed()  # one process of several (JAX_COORDINATOR_ADDRESS, SLURM, a TPU pod): join
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     from seqmodels.data.corpus import DataError
     from seqmodels.training.checkpoint import CheckpointError
     from seqmodels.training.loop import TrainingDiverged, train

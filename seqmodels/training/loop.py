@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import jax
-import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding
 
@@ -26,6 +25,7 @@ from seqmodels.mixers import check_mixer_names
 from seqmodels.models import flops_per_token
 from seqmodels.optim.build import build_optimizer
 from seqmodels.sharding import logical_spec, make_mesh, param_logical_axes
+from seqmodels.training.batches import data_shard, global_batch
 from seqmodels.training.checkpoint import Checkpointer, CheckpointError
 from seqmodels.training.flops import mfu, peak_flops_per_device
 from seqmodels.training.metrics import MetricsLogger
@@ -61,7 +61,7 @@ def validate(config: Config, mesh) -> None:
                           f"data.source={config.data.source} ({vocab}); set model.vocab_size >= {vocab}")
     data_parallel = mesh.shape["data"] * mesh.shape["fsdp"]
     rows = config.train.batch_size // config.train.grad_accum
-    if rows % data_parallel or config.train.batch_size % jax.process_count():
+    if rows % data_parallel:
         raise ConfigError(f"train.batch_size={config.train.batch_size} / train.grad_accum={config.train.grad_accum} "
                           f"= {rows} rows per micro-batch must be divisible by mesh data x fsdp = {data_parallel}")
 
@@ -78,27 +78,27 @@ def _open_checkpoints(config: Config) -> tuple[Checkpointer | None, int | None]:
         raise CheckpointError(f"{config.train.run_dir} already holds checkpoints (latest step {latest}) and "
                               "checkpoint.resume=false; choose a new train.run_dir or set checkpoint.resume=true")
     checkpointer.check_architecture(latest, to_dict(config)["model"])
+    checkpointer.check_process_count(latest)
     return checkpointer, latest
-
-
-def _global_batch(batch: dict, sharding: NamedSharding) -> dict:
-    return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v)) for k, v in batch.items()}
 
 
 def train(config: Config) -> dict:
     """Run (or resume) training as configured; returns a summary with the first and last losses."""
     mesh = make_mesh(config.mesh)
     validate(config, mesh)
-    dataset = make_train_dataset(config.data, batch_size=config.train.batch_size // jax.process_count(),
-                                 process_index=jax.process_index(), process_count=jax.process_count())
+    batch_sharding = NamedSharding(mesh, logical_spec(("batch", None)))
+    shard, shards = data_shard(batch_sharding, config.train.batch_size)  # processes holding the same rows share one
+    dataset = make_train_dataset(config.data, batch_size=config.train.batch_size // shards, process_index=shard,
+                                 process_count=shards)
     iterator = iter(dataset)
     checkpointer, latest = _open_checkpoints(config)
     run_dir = Path(config.train.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    save_config(config, run_dir / "config.yaml")
+    if jax.process_index() == 0:
+        save_config(config, run_dir / "config.yaml")
     checkpointer = checkpointer or Checkpointer(run_dir, config.checkpoint)
     with jax.set_mesh(mesh):
-        return _run(config, mesh, iterator, checkpointer, latest)
+        return _run(config, mesh, iterator, checkpointer, latest, batch_sharding)
 
 
 class _StepRecorder:
@@ -136,7 +136,7 @@ class _StepRecorder:
         self.logger.advance(step, values["loss"], tokens_per_second)
 
 
-def _run(config: Config, mesh, iterator, checkpointer: Checkpointer, latest: int | None) -> dict:
+def _run(config: Config, mesh, iterator, checkpointer: Checkpointer, latest: int | None, batch_sharding) -> dict:
     _, abstract_state = abstract_model(config.model, config.train.seed)
     optimizer, schedule = build_optimizer(
         config.optim, config.train.steps, param_axes=param_logical_axes(abstract_state),
@@ -145,11 +145,11 @@ def _run(config: Config, mesh, iterator, checkpointer: Checkpointer, latest: int
     if latest is not None:
         state = checkpointer.restore(latest, state, iterator)
     start, last_step = latest or 0, config.train.exit_at_step or config.train.steps
-    batch_sharding = NamedSharding(mesh, logical_spec(("batch", None)))
     step_fn = jax.jit(make_train_step(graphdef, optimizer, schedule, grad_accum=config.train.grad_accum),
                       in_shardings=(shardings, batch_sharding), out_shardings=(shardings, None),
                       donate_argnums=0)
-    logger = MetricsLogger(config.train.run_dir, config.log, total_steps=config.train.steps, start_step=start)
+    logger = MetricsLogger(config.train.run_dir, config.log, total_steps=config.train.steps, start_step=start,
+                           primary=jax.process_index() == 0)
     logger.message(
         f"model: {count_params(state['params']):,} parameters, mixers {list(config.model.mixers)}; "
         f"{describe_source(config.data)}; mesh {dict(mesh.shape)}; "
@@ -159,7 +159,7 @@ def _run(config: Config, mesh, iterator, checkpointer: Checkpointer, latest: int
     config_dict, stop, pending = to_dict(config), _StopFlag(), None
     try:
         for step in range(start + 1, last_step + 1):
-            state, metrics = step_fn(state, _global_batch(next(iterator), batch_sharding))
+            state, metrics = step_fn(state, global_batch(next(iterator), batch_sharding, config.train.batch_size))
             if pending is not None:
                 recorder.record(*pending)  # the previous step's metrics, read while this one runs
             pending = (step, metrics)

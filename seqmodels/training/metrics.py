@@ -10,22 +10,30 @@ from seqmodels.config import LogConfig
 
 
 class MetricsLogger:
-    """``log(step, metrics)`` writes every sink; the progress bar shows loss and tokens/s."""
+    """``log(step, metrics)`` writes every sink; the progress bar shows loss and tokens/s.
 
-    def __init__(self, run_dir, config: LogConfig, *, total_steps: int, start_step: int):
+    In a run of several processes only process 0 (``primary``) writes metrics, TensorBoard events,
+    the progress bar and messages; the others log nothing (the metrics are global values, the same
+    on every process).
+    """
+
+    def __init__(self, run_dir, config: LogConfig, *, total_steps: int, start_step: int, primary: bool = True):
         run_dir = Path(run_dir)
-        self.jsonl = open(run_dir / "metrics.jsonl", "a")
+        self.primary = primary
+        self.jsonl = open(run_dir / "metrics.jsonl", "a") if primary else None
         self.writer = None
-        if config.tensorboard:
+        if config.tensorboard and primary:
             from tensorboardX import SummaryWriter
             self.writer = SummaryWriter(str(run_dir / "tb"))
         show = config.progress == "always" or (config.progress == "auto" and sys.stderr.isatty())
         self.bar = None
-        if show:
+        if show and primary:
             from tqdm import tqdm
             self.bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True)
 
     def log(self, step: int, metrics: dict) -> None:
+        if self.jsonl is None:
+            return
         record = {"step": step, **{k: float(v) for k, v in metrics.items()}}
         self.jsonl.write(json.dumps(record) + "\n")
         self.jsonl.flush()
@@ -41,6 +49,8 @@ class MetricsLogger:
             self.bar.refresh()
 
     def message(self, text: str) -> None:
+        if not self.primary:
+            return
         if self.bar is not None:
             self.bar.write(text)
         else:
@@ -51,4 +61,5 @@ class MetricsLogger:
             self.bar.close()
         if self.writer is not None:
             self.writer.close()
-        self.jsonl.close()
+        if self.jsonl is not None:
+            self.jsonl.close()
