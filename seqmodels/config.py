@@ -38,6 +38,8 @@ class ModelConfig:
     kernel_impl: Literal["auto", "xla", "pallas", "reference"] = describe(
         "pallas_kernels implementation for recurrent mixers", "auto")
     remat: Literal["none", "full", "dots", "names"] = describe("rematerialisation per layer", "none")
+    scan_layers: bool = describe("run the repeated group of model.mixers as one lax.scan over stacked "
+                                 "parameters (compile time independent of depth)", False)
     init_std: float = describe("standard deviation of the normal initialiser of weights", 0.02)
     attention: AttentionConfig = describe("attention settings", factory=AttentionConfig)
     swa: SlidingWindowConfig = describe("sliding-window attention settings", factory=SlidingWindowConfig)
