@@ -48,6 +48,9 @@ class ModelConfig:
     kind: Literal["lm", "looped"] = describe(
         "lm (decoder LM over model.mixers) | looped (looped padded transformer, model.looped)", "lm")
     looped: LoopedConfig = describe("looped padded transformer settings", factory=LoopedConfig)
+    init_from: str = describe(
+        "'' (random initialisation) | hf:DIR: a Hugging Face Llama / Qwen2 directory (seqmodels.hf) whose "
+        "architecture becomes this model section and whose weights start the run", "")
 
     def __post_init__(self):
         _require_choices(self, "model")
@@ -58,6 +61,8 @@ class ModelConfig:
         _require(self.num_heads % kv_heads == 0, "model.attention.num_kv_heads",
                  f"{kv_heads} does not divide model.num_heads={self.num_heads}")
         _require(len(self.mixers) >= 1, "model.mixers", "needs at least one layer")
+        _require(self.init_from == "" or self.init_from.startswith("hf:") and len(self.init_from) > 3,
+                 "model.init_from", f"must be '' or hf:DIR (a Hugging Face directory), got {self.init_from!r}")
         _require(self.init_std > 0, "model.init_std", "must be > 0")
         _require(self.atlas.poly_degree == 1 or self.atlas.poly_key_dim <= self.head_dim, "model.atlas.poly_key_dim",
                  f"{self.atlas.poly_key_dim} exceeds the head dimension d_model / num_heads = {self.head_dim}")
@@ -73,6 +78,11 @@ class ModelConfig:
     @property
     def head_dim(self) -> int:
         return self.d_model // self.num_heads
+
+    @property
+    def attention_head_dim(self) -> int:
+        """Width of an attention head: ``model.attention.head_dim``, or ``d_model / num_heads`` when 0."""
+        return self.attention.head_dim or self.head_dim
 
     @property
     def mlp_hidden(self) -> int:
