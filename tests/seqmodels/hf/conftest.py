@@ -28,6 +28,12 @@ def make_hf_model(architecture: str, *, tied: bool, seed: int = 0, **overrides):
 
 
 @pytest.fixture
+def hf_model_factory():
+    """``make_hf_model`` for tests that write the model in another format."""
+    return make_hf_model
+
+
+@pytest.fixture
 def save_hf_model(tmp_path):
     """``save(architecture, tied, name="model", **save_kwargs) -> (directory, torch model)``."""
     def save(architecture: str, tied: bool, name: str = "model", seed: int = 0, config=None, **save_kwargs):
