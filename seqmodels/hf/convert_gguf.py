@@ -17,9 +17,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -27,6 +25,7 @@ import numpy as np
 
 from seqmodels.hf.errors import HFFormatError
 from seqmodels.hf.gguf_tokenizer import special_token_ids, tokenizer_config, tokenizer_from_gguf
+from seqmodels.hf.output_dir import check_new_directory, write_new_directory
 from seqmodels.hf.safetensors_io import write_checkpoint
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -132,13 +131,11 @@ def convert_gguf(gguf_path, out_dir) -> Path:
     gguf_path, out_dir = Path(gguf_path), Path(out_dir)
     if not gguf_path.is_file():
         raise HFFormatError(f"{gguf_path}: no such GGUF file")
-    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
-        raise HFFormatError(f"{out_dir}: already exists and is not an empty directory; choose a new --out")
+    check_new_directory(out_dir)
     metadata, config, tensors = read_gguf(gguf_path)
     tokenizer = tokenizer_from_gguf(metadata, str(gguf_path))
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
+
+    def write(staging: Path) -> None:
         write_checkpoint(staging, tensors)
         (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         generation = {key: value for key, value in special_token_ids(metadata).items() if value is not None}
@@ -146,13 +143,8 @@ def convert_gguf(gguf_path, out_dir) -> Path:
         tokenizer.save(str(staging / "tokenizer.json"))
         settings = tokenizer_config(metadata, config["max_position_embeddings"])
         (staging / "tokenizer_config.json").write_text(json.dumps(settings, indent=2) + "\n")
-        if out_dir.exists():
-            out_dir.rmdir()
-        staging.rename(out_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return out_dir
+
+    return write_new_directory(out_dir, write)
 
 
 def main(argv=None) -> int:
