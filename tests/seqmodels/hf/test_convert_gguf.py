@@ -8,6 +8,7 @@ import pytest
 from seqmodels.hf import HFFormatError, load_pretrained, load_tokenizer
 from seqmodels.hf.convert_gguf import convert_gguf, default_gguf_path, main
 from seqmodels.hf.safetensors_io import SafetensorsCheckpoint
+from hf_models import hf_model_factory  # noqa: F401  (pytest fixtures)
 
 VOCAB = 300
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]

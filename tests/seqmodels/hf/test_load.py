@@ -8,6 +8,7 @@ import pytest
 
 from seqmodels.hf import HFFormatError, load_pretrained
 from seqmodels.models.lm import generate
+from hf_models import save_hf_model  # noqa: F401  (pytest fixtures)
 
 CASES = [("llama", False), ("llama", True), ("qwen2", False), ("qwen2", True)]
 

@@ -1,4 +1,7 @@
-"""Tiny random Hugging Face Llama / Qwen2 models, made and saved by ``transformers`` inside the tests."""
+"""Tiny random Hugging Face Llama / Qwen2 models and tokenizers, made and saved inside the tests (fixtures
+and helpers the tests of seqmodels.hf import)."""
+
+import json
 
 import pytest
 
@@ -34,6 +37,12 @@ def hf_model_factory():
 
 
 @pytest.fixture
+def byte_level_tokenizer():
+    """``save_byte_level_tokenizer``: write a tiny Hugging Face tokenizer into a directory."""
+    return save_byte_level_tokenizer
+
+
+@pytest.fixture
 def save_hf_model(tmp_path):
     """``save(architecture, tied, name="model", **save_kwargs) -> (directory, torch model)``."""
     def save(architecture: str, tied: bool, name: str = "model", seed: int = 0, config=None, **save_kwargs):
@@ -42,3 +51,20 @@ def save_hf_model(tmp_path):
         model.save_pretrained(directory, **save_kwargs)
         return directory, model
     return save
+
+
+def save_byte_level_tokenizer(directory, *, eos: bool = True):
+    """A byte-level BPE ``tokenizer.json`` (256 byte tokens, no merges; 256 = <bos>, 257 = <eos>) in ``directory``."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {token: index for index, token in enumerate(sorted(alphabet))}
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens([AddedToken("<bos>", special=True), AddedToken("<eos>", special=True)])
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(directory / "tokenizer.json"))
+    settings = {"bos_token": "<bos>", **({"eos_token": "<eos>"} if eos else {})}
+    (directory / "tokenizer_config.json").write_text(json.dumps(settings))
+    return directory
