@@ -1,6 +1,7 @@
 """``load_tokenizer`` / ``data.tokenizer: hf:DIR``, and ``train.py model.init_from=hf:DIR``."""
 
 import dataclasses
+import json
 
 import jax
 import numpy as np
@@ -8,6 +9,7 @@ import pytest
 from conftest import tiny_overrides, write_corpus
 from flax import nnx
 
+import export as export_entry
 import train as train_entry
 from seqmodels.config import ConfigError, DataConfig
 from seqmodels.config_io import load_config
@@ -87,3 +89,8 @@ def test_train_py_continues_pretraining_from_the_hf_weights(tmp_path, save_hf_mo
     start = jax.tree.leaves(nnx.to_pure_dict(nnx.state(load_pretrained(directory), nnx.Param)))
     for a, b in zip(trained, start):  # two steps at lr 1e-9 move a weight by ~2e-9
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-7, rtol=0)
+    assert export_entry.main(["--run", str(run), "--out", str(tmp_path / "exported")]) == 0
+    exported = load_tokenizer(tmp_path / "exported")  # the run's hf: tokenizer travels with the export
+    assert exported.encode("def f(x):") == load_tokenizer(directory).encode("def f(x):")
+    hf_config = json.loads((tmp_path / "exported" / "config.json").read_text())
+    assert (hf_config["bos_token_id"], hf_config["eos_token_id"]) == (256, 257)
