@@ -116,7 +116,11 @@ def read_gguf(path: Path):
             name = hf_name(tensor.name)
         except HFFormatError as error:
             raise HFFormatError(f"{path}: {error}") from None
-        array = np.asarray(dequantize(tensor.data, tensor.tensor_type), np.float32)
+        try:
+            array = np.asarray(dequantize(tensor.data, tensor.tensor_type), np.float32)
+        except (NotImplementedError, ValueError) as error:
+            raise HFFormatError(f"{path}: tensor {tensor.name!r} of type {tensor.tensor_type.name} cannot be "
+                                f"dequantised by the gguf package ({error})") from None
         kind = tensor.name.split(".")[2] if tensor.name.startswith("blk.") else ""
         tensors[name] = unpermute_rope_rows(array, heads[kind]) if kind in heads else array
     return metadata, config, tensors
