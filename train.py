@@ -33,10 +33,12 @@ def main(argv=None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     from seqmodels.data.corpus import DataError
+    from seqmodels.hf.init_from import explicit_model_keys, resolve_init_from
     from seqmodels.training.checkpoint import CheckpointError
     from seqmodels.training.loop import TrainingDiverged, train
     try:
-        config = load_config(args.config, args.overrides)
+        config = resolve_init_from(load_config(args.config, args.overrides),
+                                   explicit_model_keys(args.config, args.overrides))
         summary = train(config)
     except (ConfigError, DataError, CheckpointError) as error:
         print(f"error: {error}", file=sys.stderr)

@@ -33,5 +33,6 @@ echo "setup: using $python ($("$python" --version))"
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 .venv/bin/python -m pip install --quiet --upgrade pip
 .venv/bin/python -m pip install --quiet -r requirements.txt
+.venv/bin/python -m pip install --quiet --no-deps -r requirements-no-deps.txt
 .venv/bin/python -m pip install --quiet -e .
 echo "setup: done. Run the tests with: .venv/bin/python -m pytest"

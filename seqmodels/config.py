@@ -11,6 +11,7 @@ The mixers' sections live in ``seqmodels.config_mixers``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 from seqmodels.config_base import ConfigError, _require, _require_at_least, _require_choices, describe
@@ -50,6 +51,9 @@ class ModelConfig:
     kind: Literal["lm", "looped"] = describe(
         "lm (decoder LM over model.mixers) | looped (looped padded transformer, model.looped)", "lm")
     looped: LoopedConfig = describe("looped padded transformer settings", factory=LoopedConfig)
+    init_from: str = describe(
+        "'' (random initialisation) | hf:DIR: a Hugging Face Llama / Qwen2 directory (seqmodels.hf) whose "
+        "architecture becomes this model section and whose weights start the run", "")
 
     def __post_init__(self):
         _require_choices(self, "model")
@@ -60,6 +64,8 @@ class ModelConfig:
         _require(self.num_heads % kv_heads == 0, "model.attention.num_kv_heads",
                  f"{kv_heads} does not divide model.num_heads={self.num_heads}")
         _require(len(self.mixers) >= 1, "model.mixers", "needs at least one layer")
+        _require(self.init_from == "" or self.init_from.startswith("hf:") and len(self.init_from) > 3,
+                 "model.init_from", f"must be '' or hf:DIR (a Hugging Face directory), got {self.init_from!r}")
         _require(self.init_std > 0, "model.init_std", "must be > 0")
         _require(self.atlas.poly_degree == 1 or self.atlas.poly_key_dim <= self.head_dim, "model.atlas.poly_key_dim",
                  f"{self.atlas.poly_key_dim} exceeds the head dimension d_model / num_heads = {self.head_dim}")
@@ -75,6 +81,11 @@ class ModelConfig:
     @property
     def head_dim(self) -> int:
         return self.d_model // self.num_heads
+
+    @property
+    def attention_head_dim(self) -> int:
+        """Width of an attention head: ``model.attention.head_dim``, or ``d_model / num_heads`` when 0."""
+        return self.attention.head_dim or self.head_dim
 
     @property
     def mlp_hidden(self) -> int:
@@ -167,7 +178,8 @@ class DataConfig:
                            " data.synthetic) | needle (generated needle-in-a-haystack rows, data.needle_*) | cfl"
                            " (context-free languages, data.cfl)", "stdlib")
     path: str = describe("glob of text files (text_files) or ArrayRecord shards (arrayrecord)", "")
-    tokenizer: Literal["byte"] = describe("byte: UTF-8 bytes + begin- and end-of-document tokens", "byte")
+    tokenizer: str = describe("byte: UTF-8 bytes + begin- and end-of-document tokens | hf:DIR: the tokenizer.json "
+                              "of a Hugging Face directory (seqmodels.hf.load_tokenizer)", "byte")
     seq_len: int = describe("tokens per training row", 256)
     heldout_fraction: float = describe("share of documents held out for evaluation (chosen by hash)", 0.02)
     max_documents: int = describe("use at most this many documents; 0 = all", 0)
@@ -184,6 +196,7 @@ class DataConfig:
         # data.source is looked up in the source registry (seqmodels.data.sources), which refuses an unknown name
         # and runs the source's own check (text_files, arrayrecord: data.path); the checks below run at load.
         _require_choices(self, "data")
+        self._check_tokenizer()
         self.synthetic.check_fits(self.source, self.seq_len)
         _require(self.source != "cfl" or self.seq_len >= self.cfl.max_length + 2, "data.seq_len",
                  f"{self.seq_len} cannot hold [BOS] + data.cfl.max_length={self.cfl.max_length} symbols + [CLS]; "
@@ -200,6 +213,16 @@ class DataConfig:
             _require(10**self.needle_key_length > self.needle_distractors, "data.needle_distractors",
                      f"{self.needle_distractors} distractors need more distinct keys than "
                      f"{self.needle_key_length} digits give")
+
+
+    def _check_tokenizer(self) -> None:
+        _require(self.tokenizer == "byte" or self.tokenizer.startswith("hf:"), "data.tokenizer",
+                 f"must be byte or hf:DIR (a Hugging Face directory with a tokenizer.json), got {self.tokenizer!r}")
+        if self.tokenizer.startswith("hf:"):
+            directory = Path(self.tokenizer[len("hf:"):])
+            _require(directory.is_dir(), "data.tokenizer", f"{self.tokenizer}: no such directory {str(directory)!r}")
+            _require((directory / "tokenizer.json").is_file(), "data.tokenizer",
+                     f"{self.tokenizer}: the directory has no tokenizer.json")
 
 
 @dataclass(frozen=True)

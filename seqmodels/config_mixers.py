@@ -25,6 +25,8 @@ class AttentionConfig:
     """Settings shared by the attention mixers (``attention`` and ``swa``)."""
 
     num_kv_heads: int = describe("key/value heads (grouped-query attention); 0 = model.num_heads", 0)
+    head_dim: int = describe("width of each query/key/value head; 0 = model.d_model / model.num_heads", 0)
+    qkv_bias: bool = describe("learned biases on the query, key and value projections (Qwen2)", False)
     rope_theta: float = describe("rotary embedding base", 10000.0)
     qk_norm: bool = describe("RMS-normalise queries and keys per head before the dot product", False)
     implementation: Literal["auto", "xla", "cudnn"] = describe("dot_product_attention backend", "auto")
@@ -35,6 +37,8 @@ class AttentionConfig:
     def __post_init__(self):
         _require_choices(self, "model.attention")
         _require(self.num_kv_heads >= 0, "model.attention.num_kv_heads", "must be >= 0")
+        _require(self.head_dim >= 0 and self.head_dim % 2 == 0, "model.attention.head_dim",
+                 f"must be 0 or a positive even width (RoPE rotates pairs), got {self.head_dim}")
         _require(self.conv_kernel >= 0, "model.attention.conv_kernel", f"must be >= 0, got {self.conv_kernel}")
         _require(self.rope_theta > 0, "model.attention.rope_theta", "must be > 0")
 

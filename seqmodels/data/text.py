@@ -38,14 +38,14 @@ _READ_OPTIONS = grain.ReadOptions(num_threads=4, prefetch_buffer_size=16)
 
 @dataclasses.dataclass(frozen=True)
 class FrameDocument:
-    """text -> ``{"tokens": [BOS] + bytes + [EOS], "loss_mask": [0, 1, ..., 1]}`` (int32, float32)."""
+    """text -> ``{"tokens": [BOS] + tokens + [EOS], "loss_mask": [0, 1, ..., 1]}`` (int32, float32)."""
 
     tokenizer: ByteTokenizer
 
     def __call__(self, text: str) -> dict[str, np.ndarray]:
-        body = self.tokenizer.encode(text)
+        body = np.asarray(self.tokenizer.encode(text), np.int32)
         tokens = np.empty(body.size + 2, np.int32)
-        tokens[0], tokens[1:-1], tokens[-1] = self.tokenizer.bos_id, body, self.tokenizer.eos_id
+        (tokens[0], tokens[-1]), tokens[1:-1] = self.tokenizer.document_ids(), body
         loss_mask = np.ones(tokens.size, np.float32)
         loss_mask[0] = 0.0
         return {"tokens": tokens, "loss_mask": loss_mask}

@@ -2,11 +2,14 @@
 
 ``ByteTokenizer`` maps text to its UTF-8 bytes: ids 0..255 are bytes, 256 is BOS (start of a
 document), 257 is EOS (end of a document); ``vocab_size`` = 258. ``encode`` returns the bytes only;
-the data pipeline frames each document as ``[BOS] + bytes + [EOS]``.
+the data pipeline frames each document as ``document_ids()`` = ``(BOS, EOS)`` around them.
+``data.tokenizer: hf:DIR`` is a Hugging Face directory's tokenizer (``seqmodels.hf.tokenizer``), with
+the same ``encode`` / ``decode`` / ``vocab_size`` / ``document_ids`` interface.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import numpy as np
@@ -37,6 +40,10 @@ class ByteTokenizer:
             raise ValueError(f"text must be str or bytes, got {type(text).__name__}")
         return np.frombuffer(data, dtype=np.uint8).astype(np.int32)
 
+    def document_ids(self) -> tuple[int, int]:
+        """``(open, close)``: the ids that frame a document."""
+        return self.bos_id, self.eos_id
+
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
         """The text of ``ids`` (a 1-D sequence of ids in [0, 258)); BOS/EOS are skipped."""
         ids = np.asarray(ids)
@@ -50,12 +57,29 @@ class ByteTokenizer:
         return data.decode("utf-8", errors="replace")
 
 
+@functools.lru_cache(maxsize=8)
+def _hf_tokenizer(directory: str):
+    from seqmodels.data.corpus import DataError
+    from seqmodels.hf.errors import HFFormatError
+    from seqmodels.hf.tokenizer import load_tokenizer
+    try:
+        tokenizer = load_tokenizer(directory)
+        tokenizer.document_ids()  # refuses a tokenizer without an end-of-document token now, not mid-pipeline
+    except HFFormatError as error:
+        raise DataError(f"data.tokenizer: {error}") from None
+    return tokenizer
+
+
 _TOKENIZERS = {"byte": ByteTokenizer}
+_TOKENIZER_PREFIXES = {"hf:": _hf_tokenizer}  # data.tokenizer values "PREFIX<argument>"
 
 
-def get_tokenizer(name: str) -> ByteTokenizer:
-    """The tokenizer called ``name`` (``data.tokenizer``)."""
-    if name not in _TOKENIZERS:
-        raise ValueError(f"data.tokenizer: unknown tokenizer {name!r}; "
-                         f"known: {', '.join(sorted(_TOKENIZERS))}")
-    return _TOKENIZERS[name]()
+def get_tokenizer(name: str):
+    """The tokenizer called ``name`` (``data.tokenizer``): ``byte``, or ``hf:DIR``."""
+    if name in _TOKENIZERS:
+        return _TOKENIZERS[name]()
+    for prefix, make in _TOKENIZER_PREFIXES.items():
+        if name.startswith(prefix) and len(name) > len(prefix):
+            return make(name[len(prefix):])
+    raise ValueError(f"data.tokenizer: unknown tokenizer {name!r}; known: {', '.join(sorted(_TOKENIZERS))}, "
+                     f"{', '.join(prefix + 'DIR' for prefix in _TOKENIZER_PREFIXES)}")

@@ -1,8 +1,11 @@
 """The projections every softmax-attention module shares: ``W_q, W_k, W_v, W_o``, optional q/k RMSNorm, RoPE.
 
-    q = R(pos) n_q(W_q x)    [B, T, H, Dh]       k = R(pos) n_k(W_k x)    [B, T, Hkv, Dh]
-    v = W_v x                [B, T, Hkv, Dh]     out = W_o concat_h(heads)
+    q = R(pos) n_q(W_q x + b_q)    [B, T, H, Dh]       k = R(pos) n_k(W_k x + b_k)    [B, T, Hkv, Dh]
+    v = W_v x + b_v                [B, T, Hkv, Dh]     out = W_o concat_h(heads)
 
+The biases ``b_q, b_k, b_v`` exist when ``model.attention.qkv_bias`` is set (Qwen2), and ``Dh`` is
+``model.attention.head_dim`` (``d_model / num_heads`` when 0). ``R`` is ``apply_rotary``: the
+half-split ("rotate-half") layout of Hugging Face's Llama and Qwen2, so their weights load unpermuted.
 ``n_q``/``n_k`` are per-head RMSNorms when ``model.attention.qk_norm`` is set. The attribute names
 (``query``, ``key``, ``value``, ``out``, ``q_norm``, ``k_norm``) are the parameter paths that
 checkpoints, the PyTorch export and the Muon per-head mask rely on (``seqmodels.mixers.attention``,
@@ -26,16 +29,19 @@ class AttentionProjections(nnx.Module):
     """Base of the attention modules: builds the projections and norms; ``rotate`` finishes q, k, v."""
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
-        heads, head_dim = config.num_heads, config.head_dim
+        heads, head_dim = config.num_heads, config.attention_head_dim
         kv_heads = config.attention.num_kv_heads or heads
         std = config.init_std
         self.rope_theta = config.attention.rope_theta
         self.implementation = config.attention.implementation
         self.kv_heads, self.head_dim = kv_heads, head_dim
-        self.query = Dense(config.d_model, (heads, head_dim), "embed", ("heads", "head_dim"), rngs=rngs, std=std)
-        self.key = Dense(config.d_model, (kv_heads, head_dim), "embed", ("kv_heads", "head_dim"), rngs=rngs, std=std)
+        bias = config.attention.qkv_bias
+        self.query = Dense(config.d_model, (heads, head_dim), "embed", ("heads", "head_dim"), rngs=rngs, std=std,
+                           use_bias=bias)
+        self.key = Dense(config.d_model, (kv_heads, head_dim), "embed", ("kv_heads", "head_dim"), rngs=rngs, std=std,
+                         use_bias=bias)
         self.value = Dense(config.d_model, (kv_heads, head_dim), "embed", ("kv_heads", "head_dim"), rngs=rngs,
-                           std=std)
+                           std=std, use_bias=bias)
         self.out = DenseOut((heads, head_dim), config.d_model, ("heads", "head_dim"), "embed", rngs=rngs, std=std)
         norm = config.attention.qk_norm
         self.q_norm = RMSNorm(head_dim, eps=config.norm_eps, axis_name="head_dim") if norm else None

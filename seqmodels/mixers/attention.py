@@ -117,7 +117,7 @@ def mean_visible_keys(seq_len: int, window: int | None, num_sinks: int = 0, *, c
 
 
 def _flops(config: ModelConfig, seq_len: int, window: int | None, num_sinks: int) -> float:
-    heads, head_dim = config.num_heads, config.head_dim
+    heads, head_dim = config.num_heads, config.attention_head_dim
     kv_heads = config.attention.num_kv_heads or heads
     projections = 2 * config.d_model * (2 * heads * head_dim + 2 * kv_heads * head_dim)
     projections += 2 * config.attention.conv_kernel * (heads + 2 * kv_heads) * head_dim

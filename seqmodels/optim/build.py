@@ -28,7 +28,7 @@ def decay_mask(params):
     """Weight decay applies to matrices only: not to norms, biases, or the embedding table."""
     def decays(path, leaf):
         name = str(getattr(path[-1], "key", path[-1]))
-        return leaf.ndim >= 2 and name != "embed"
+        return leaf.ndim >= 2 and name not in ("embed", "bias")
     return jax.tree_util.tree_map_with_path(decays, params)
 
 

@@ -144,6 +144,9 @@ def _run(config: Config, mesh, iterator, checkpointer: Checkpointer, latest: int
     graphdef, state, shardings = init_train_state(config.model, config.train.seed, mesh, optimizer)
     if latest is not None:
         state = checkpointer.restore(latest, state, iterator)
+    elif config.model.init_from:
+        from seqmodels.hf.init_from import init_params
+        state = {**state, "params": init_params(config.model, shardings["params"])}
     start, last_step = latest or 0, config.train.exit_at_step or config.train.steps
     step_fn = jax.jit(make_train_step(graphdef, optimizer, schedule, grad_accum=config.train.grad_accum),
                       in_shardings=(shardings, batch_sharding), out_shardings=(shardings, None),

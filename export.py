@@ -1,0 +1,43 @@
+"""Export a run's checkpoint as a Hugging Face model: ``python export.py --run RUN --out DIR [--step N]
+[--dtype float32|bfloat16]``.
+
+A Transformer++ run (every layer ``attention``, SwiGLU MLPs, no q/k norm or convolution) becomes a
+plain ``LlamaForCausalLM`` (``Qwen2ForCausalLM`` with ``model.attention.qkv_bias``) that
+``transformers.AutoModelForCausalLM.from_pretrained(DIR)`` loads with no remote code: ``config.json``,
+``model.safetensors`` (sharded with an index above 2 GB), ``generation_config.json``, and the tokenizer
+files when the run used ``data.tokenizer: hf:DIR``. Other architectures are refused, naming the mixer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--run", required=True, help="run directory (train.run_dir of the run)")
+    parser.add_argument("--out", required=True, help="directory to write (must not exist, or be empty)")
+    parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                        help="dtype of the written weights")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    from seqmodels.config import ConfigError
+    from seqmodels.hf.errors import HFFormatError
+    from seqmodels.hf.export import export_run
+    from seqmodels.training.checkpoint import CheckpointError
+    try:
+        out, step = export_run(args.run, args.out, step=args.step, dtype=args.dtype)
+    except (HFFormatError, CheckpointError, ConfigError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(f"exported step {step} of {args.run} to {out} ({args.dtype})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

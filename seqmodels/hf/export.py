@@ -1,0 +1,90 @@
+"""Transformer++ -> a Hugging Face ``LlamaForCausalLM`` (``Qwen2ForCausalLM`` with q/k/v biases) directory.
+
+``export_model`` writes ``config.json`` (``architectures``, ``torch_dtype``), ``model.safetensors``
+(shards and ``model.safetensors.index.json`` above 2 GB) and ``generation_config.json``, plus the
+tokenizer files of an ``hf:`` tokenizer; ``export_run`` does so for a run's checkpoint (``export.py``).
+The parameter layout is ``seqmodels.hf.param_map`` read backwards, so ``load_pretrained`` of an
+export gives the exported parameters bitwise (float32), and ``transformers`` loads it with no remote code.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+from flax import nnx
+
+from seqmodels.config import ModelConfig
+from seqmodels.hf.config_map import check_exportable, hf_config_from_model
+from seqmodels.hf.errors import HFFormatError
+from seqmodels.hf.output_dir import check_new_directory, write_new_directory
+from seqmodels.hf.param_map import get_path, tensor_rules
+from seqmodels.hf.safetensors_io import MAX_SHARD_BYTES, write_checkpoint
+from seqmodels.hf.tokenizer import TOKENIZER_FILES, load_tokenizer
+from seqmodels.models.stack import repeat_period, unstack_blocks
+
+EXPORT_DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
+
+
+def hf_tensors(config: ModelConfig, params: dict, dtype: str = "float32") -> dict[str, np.ndarray]:
+    """Every Hugging Face tensor of the parameter dict ``params`` (``nnx.to_pure_dict`` layout), cast to ``dtype``."""
+    if dtype not in EXPORT_DTYPES:
+        raise HFFormatError(f"dtype {dtype!r} is not an export dtype; one of {', '.join(EXPORT_DTYPES)}")
+    return {rule.hf_name: np.ascontiguousarray(rule.to_hf(np.asarray(get_path(params, rule.path), np.float32)))
+            .astype(EXPORT_DTYPES[dtype]) for rule in tensor_rules(config)}
+
+
+def export_model(config: ModelConfig, params: dict, out_dir, *, dtype: str = "float32", tokenizer_dir=None,
+                 max_shard_bytes: int = MAX_SHARD_BYTES) -> Path:
+    """Write the Hugging Face directory of a Transformer++ ``config`` with ``params`` to ``out_dir``.
+
+    ``out_dir`` must be absent or empty; the directory appears only once complete. ``tokenizer_dir``: a
+    Hugging Face directory whose tokenizer files are copied and whose special ids enter the configs.
+    """
+    out_dir = Path(out_dir)
+    check_exportable(config)
+    check_new_directory(out_dir)
+    tokenizer = load_tokenizer(tokenizer_dir) if tokenizer_dir is not None else None
+    ids = {} if tokenizer is None else {"bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id,
+                                        "pad_token_id": tokenizer.pad_id}
+    if config.scan_layers:  # stacked groups of layers -> one entry per layer, as Hugging Face holds them
+        params = unstack_blocks(params, len(config.mixers) // repeat_period(config.mixers))
+    tensors = hf_tensors(config, params, dtype)
+    hf_config = hf_config_from_model(config, torch_dtype=dtype, token_ids=ids)
+
+    def write(staging: Path) -> None:
+        write_checkpoint(staging, tensors, max_shard_bytes=max_shard_bytes)
+        (staging / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
+        generation = {key: value for key, value in ids.items() if value is not None}
+        (staging / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+        for name in TOKENIZER_FILES if tokenizer is not None else ():
+            if (tokenizer.directory / name).is_file():
+                shutil.copyfile(tokenizer.directory / name, staging / name)
+
+    return write_new_directory(out_dir, write)
+
+
+def export_run(run_dir, out_dir, *, step: int | None = None, dtype: str = "float32",
+               max_shard_bytes: int = MAX_SHARD_BYTES) -> tuple[Path, int]:
+    """Export the checkpoint of ``run_dir`` at ``step`` (default: the latest); returns ``(out_dir, step)``.
+
+    The architecture is checked from the run's ``config.yaml`` before any checkpoint is read.
+    """
+    from seqmodels.config_io import config_from_dict, read_yaml
+    from seqmodels.evaluation.loading import load_run
+    from seqmodels.training.checkpoint import CheckpointError
+
+    config_path = Path(run_dir) / "config.yaml"
+    if not config_path.is_file():
+        raise CheckpointError(f"{run_dir} is not a run directory: it has no config.yaml (train.py writes one)")
+    check_exportable(config_from_dict(read_yaml(config_path)).model)
+    check_new_directory(Path(out_dir))
+    config, model, step = load_run(run_dir, step=step)
+    tokenizer = config.data.tokenizer
+    tokenizer_dir = tokenizer[len("hf:"):] if tokenizer.startswith("hf:") else None
+    params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    return export_model(config.model, params, out_dir, dtype=dtype, tokenizer_dir=tokenizer_dir,
+                        max_shard_bytes=max_shard_bytes), step

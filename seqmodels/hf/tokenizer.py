@@ -1,0 +1,96 @@
+"""``load_tokenizer(path)``: a Hugging Face directory's ``tokenizer.json`` through the ``tokenizers`` library.
+
+Special tokens: the BOS / EOS / PAD token strings of ``tokenizer_config.json`` (or
+``special_tokens_map.json``), else the ``bos_token_id`` / ``eos_token_id`` / ``pad_token_id`` of
+``config.json``; an id is ``None`` where the directory names none. As the data pipeline's tokenizer
+(``data.tokenizer: hf:DIR``) a document is framed ``[BOS] tokens [EOS]``; a tokenizer without a BOS
+(GPT-2 style) opens documents with its EOS, the separator it was trained with.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from seqmodels.hf.errors import HFFormatError
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+_ROLES = ("bos", "eos", "pad")
+
+
+def _token_string(value):
+    """A special token entry: a plain string, or an AddedToken dict ``{"content": ...}``."""
+    return value.get("content") if isinstance(value, dict) else value
+
+
+def _json_or_empty(path: Path) -> dict:
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except ValueError as error:
+        raise HFFormatError(f"{path}: not readable JSON ({error})") from None
+
+
+class HFTokenizer:
+    """``encode(text) -> list[int]`` (no special tokens), ``decode(ids) -> str``, and ``bos_id, eos_id, pad_id``."""
+
+    def __init__(self, directory: Path):
+        from tokenizers import Tokenizer
+
+        self.directory = directory
+        self.name = f"hf:{directory}"
+        try:
+            self._tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
+        except Exception as error:  # the tokenizers library raises its own Exception type
+            raise HFFormatError(f"{directory / 'tokenizer.json'}: not a readable tokenizer ({error})") from None
+        self.vocab_size = self._tokenizer.get_vocab_size(with_added_tokens=True)
+        ids = self._special_ids()
+        self.bos_id, self.eos_id, self.pad_id = ids["bos"], ids["eos"], ids["pad"]
+
+    def _special_ids(self) -> dict:
+        settings = {**_json_or_empty(self.directory / "special_tokens_map.json"),
+                    **_json_or_empty(self.directory / "tokenizer_config.json")}
+        model = _json_or_empty(self.directory / "config.json")
+        ids = {}
+        for role in _ROLES:
+            token = _token_string(settings.get(f"{role}_token"))
+            token_id = self._tokenizer.token_to_id(token) if token else None
+            ids[role] = token_id if token_id is not None else model.get(f"{role}_token_id")
+        return ids
+
+    def encode(self, text: str) -> list[int]:
+        """The token ids of ``text``, without special tokens."""
+        if not isinstance(text, str):
+            raise ValueError(f"text must be str, got {type(text).__name__}")
+        return self._tokenizer.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+        """The text of ``ids`` (special tokens skipped)."""
+        ids = np.asarray(ids)
+        if ids.ndim != 1 or not (ids.size == 0 or np.issubdtype(ids.dtype, np.integer)):
+            raise ValueError(f"ids must be a 1-D integer sequence, got shape {ids.shape}, dtype {ids.dtype}")
+        if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
+            raise ValueError(f"ids must lie in [0, {self.vocab_size}), got values in [{ids.min()}, {ids.max()}]")
+        return self._tokenizer.decode(ids.tolist(), skip_special_tokens=True)
+
+    def document_ids(self) -> tuple[int, int]:
+        """``(open, close)``: the ids that frame a document, ``(BOS or EOS, EOS)``."""
+        if self.eos_id is None:
+            raise HFFormatError(f"{self.directory}: the tokenizer names no EOS token (tokenizer_config.json "
+                                "eos_token or config.json eos_token_id), which the data pipeline needs to "
+                                "separate documents")
+        return (self.eos_id if self.bos_id is None else self.bos_id), self.eos_id
+
+
+def load_tokenizer(path) -> HFTokenizer:
+    """The tokenizer of the Hugging Face directory ``path`` (its ``tokenizer.json``)."""
+    directory = Path(path)
+    if not directory.is_dir():
+        raise HFFormatError(f"{directory}: no such directory (expected a Hugging Face model directory)")
+    if not (directory / "tokenizer.json").is_file():
+        raise HFFormatError(f"{directory}: no tokenizer.json")
+    return HFTokenizer(directory)
