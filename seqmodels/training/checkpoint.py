@@ -42,11 +42,14 @@ def architecture_differences(saved: dict, current: dict, prefix: str = "model") 
 
 
 class Checkpointer:
-    def __init__(self, run_dir, config: CheckpointConfig):
+    """The run's orbax ``CheckpointManager``; ``read_only=True`` (evaluation, export) never writes to the run."""
+
+    def __init__(self, run_dir, config: CheckpointConfig, *, read_only: bool = False):
         self.directory = Path(run_dir).absolute() / "checkpoints"
         self.created_directory = not self.directory.exists()
         options = ocp.CheckpointManagerOptions(max_to_keep=config.keep, keep_period=config.keep_period or None,
-                                               create=True, enable_async_checkpointing=config.async_save)
+                                               create=not read_only, read_only=read_only,
+                                               enable_async_checkpointing=config.async_save and not read_only)
         self.manager = ocp.CheckpointManager(self.directory, options=options)
         self.last_saved: int | None = None
 

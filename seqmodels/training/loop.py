@@ -175,10 +175,10 @@ class _StepRecorder:
         self.guard.observe(step, values["loss"], values["grad_norm"])
         if self.guard.tripped:
             raise TrainingDiverged(
-                f"{len(self.guard.streak)} anomalous steps in a row ({'; '.join(self.guard.streak)}): training "
-                f"collapsed and stopped before saving its state (train.guard_steps={self.config.train.guard_steps}, "
-                f"train.guard_sigma={self.config.train.guard_sigma}). The last good checkpoint is kept "
-                f"({self._kept()}); {self._remedies()}.")
+                f"collapse guard (train.guard_steps={self.config.train.guard_steps}, train.guard_sigma="
+                f"{self.config.train.guard_sigma}): {len(self.guard.streak)} anomalous steps in a row "
+                f"({'; '.join(self.guard.streak)}), none of them saved; training diverged and stopped. The last good "
+                f"checkpoint is kept ({self._kept()}); {self._remedies()}.")
         self.losses[step] = values["loss"]
         if step % self.config.log.every_steps and step != self.last_step:
             return
