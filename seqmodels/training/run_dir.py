@@ -84,6 +84,7 @@ class RunDirLock:
             os.pwrite(fd, record.encode(), 0)
             os.fsync(fd)
         except OSError as error:
+            self.path.unlink(missing_ok=True)  # ours (we hold its flock): leave the directory as it was
             os.close(fd)
             raise _os_problem(self.path, "write the lock file", error) from None
         self._fd = fd

@@ -128,10 +128,14 @@ def test_full_disk_during_a_save_keeps_the_previous_checkpoint(trained, tmpfs, c
                 handle.flush()
         except OSError:
             pass
-    with open(filler, "r+b") as handle:
-        handle.truncate(max(filler.stat().st_size - 96 * 1024, 0))
     overrides = tiny_overrides(copy, corpus, train__steps=10, checkpoint__allow_changes="[train.steps]",
                                log__tensorboard=False)
+    before = snapshot(copy)
+    assert train_entry.main(overrides) == 2  # a run directory on a full disk: refused at its lock file
+    one_paragraph_error(capsys.readouterr().err, "the disk is full")
+    assert snapshot(copy) == before
+    with open(filler, "r+b") as handle:
+        handle.truncate(max(filler.stat().st_size - 96 * 1024, 0))
     assert train_entry.main(overrides) == 2
     one_paragraph_error(capsys.readouterr().err, "writing the checkpoint at step 10", "the checkpoint at step 5 is kept")
     filler.unlink()
