@@ -1,7 +1,9 @@
 """The training loop: validate -> mesh -> sharded state -> (resume) -> steps -> checkpoints and metrics.
 
-Everything that can be wrong with the input (config, data source, vocabulary, batch layout,
-an existing checkpoint of another architecture) is checked before anything is written.
+Everything that can be wrong with the input (config, data source, vocabulary, batch layout, a run
+directory owned by another run, an existing checkpoint of another architecture or other settings)
+is checked before anything is written; a resume restores the newest complete checkpoint
+(``seqmodels.training.resume``) before the first write.
 Metrics of step s are read back after step s + 1 is dispatched, so the host never stalls the
 device except at checkpoints, where the step's loss is checked before its state is saved: a
 checkpoint never holds a state reached through a non-finite loss.
@@ -62,8 +64,16 @@ def _open_checkpoints(config: Config) -> tuple[Checkpointer | None, tuple | None
     if not (Path(config.train.run_dir) / "checkpoints").is_dir():
         return None, None, incomplete
     checkpointer = Checkpointer(config.train.run_dir, config.checkpoint)
+    try:
+        return checkpointer, *_resume_choice(checkpointer, config, incomplete)
+    except BaseException:
+        checkpointer.close()
+        raise
+
+
+def _resume_choice(checkpointer: Checkpointer, config: Config, incomplete: dict[int, str]):
     if checkpointer.latest_step() is None:
-        return checkpointer, None, incomplete
+        return None, incomplete
     if not config.checkpoint.resume:
         raise CheckpointError(f"{config.train.run_dir} already holds checkpoints (latest step "
                               f"{checkpointer.latest_step()}) and checkpoint.resume=false; choose a new "
@@ -75,7 +85,7 @@ def _open_checkpoints(config: Config) -> tuple[Checkpointer | None, tuple | None
             + "; ".join(f"step {step}: {problems}" for step, problems in sorted(incomplete.items()))
             + ". Nothing was changed; move the damaged steps away to train from scratch, or use another train.run_dir")
     check_setting_changes(choice[1], config, choice[0], str(checkpointer.directory))
-    return checkpointer, choice, incomplete
+    return choice, incomplete
 
 
 def _restore_newest_complete(config: Config, checkpointer: Checkpointer, choice, incomplete: dict[int, str],
@@ -85,14 +95,13 @@ def _restore_newest_complete(config: Config, checkpointer: Checkpointer, choice,
     Returns ``(state, step, notes)``. Incomplete steps are renamed aside only after a restore
     succeeded; when none succeeds, nothing is renamed and ``CheckpointError`` lists every problem.
     """
-    failures: dict[int, str] = {}
     while choice is not None:
         step, saved = choice
         try:
             restored = checkpointer.restore(step, state, iterator)
         except Exception as error:  # noqa: BLE001  (any failure to read a step makes it incomplete)
-            failures[step] = f"its arrays cannot be read: {str(error).strip().splitlines()[0][:200]}"
-            incomplete[step] = failures[step]
+            first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+            incomplete[step] = f"its arrays cannot be read: {first_line[:200]}"
             choice = choose_step(checkpointer, config, incomplete, process_count=jax.process_count())
             continue
         notes = check_setting_changes(saved, config, step, str(checkpointer.directory))
