@@ -24,6 +24,13 @@ def _wait_for_line(process, fragment: str, timeout: float = 120.0) -> str:
     raise AssertionError(f"{fragment!r} never printed; stderr: {process.stderr.read()[-2000:]}")
 
 
+def _rows(run_dir) -> list[str]:
+    try:
+        return (run_dir / "metrics.jsonl").read_text().splitlines()
+    except FileNotFoundError:
+        return []
+
+
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     return str(write_corpus(tmp_path_factory.mktemp("signals") / "corpus") / "*.txt")
@@ -50,7 +57,7 @@ def test_signal_during_first_compile_saves_step_one_and_exits_preempted(tmp_path
 
 @pytest.mark.slow
 def test_kill_9_at_random_moments_of_async_saves_resumes_bitwise(tmp_path, corpus):
-    """Three seeds pick a moment after some save began; each killed run resumes to the straight run's params."""
+    """Three seeds pick a moment (after 3..27 logged steps, plus 0-50 ms); each killed run resumes bitwise."""
     steps = 30
     straight = tmp_path / "straight"
     result = run_script("train.py", *tiny_overrides(straight, corpus, train__steps=steps, checkpoint__every_steps=3,
@@ -60,12 +67,16 @@ def test_kill_9_at_random_moments_of_async_saves_resumes_bitwise(tmp_path, corpu
         run_dir = tmp_path / f"killed_{seed}"
         overrides = tiny_overrides(run_dir, corpus, train__steps=steps, checkpoint__every_steps=3,
                                    checkpoint__async_save=True)
+        rng = random.Random(seed)
+        kill_after_rows = rng.randint(3, steps - 3)
         process = start_train(overrides)
-        _wait_for_line(process, "starting towards")
-        # the steps run at ~ms each: sleeping 0-1.5 s lands anywhere between the first save and the end
-        time.sleep(random.Random(seed).uniform(0.0, 1.5))
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and len(_rows(run_dir)) < kill_after_rows and process.poll() is None:
+            time.sleep(0.002)
+        time.sleep(rng.uniform(0.0, 0.05))  # somewhere in or between the asynchronous saves (every 3 steps)
         process.kill()
         process.wait()
+        assert process.returncode == -9, "the run ended before it was killed"
         resumed = run_script("train.py", *overrides)
         assert resumed.returncode == 0, resumed.stderr[-2000:]
         assert logged_steps(run_dir) == list(range(1, steps + 1))  # one row per step, none twice
@@ -73,3 +84,18 @@ def test_kill_9_at_random_moments_of_async_saves_resumes_bitwise(tmp_path, corpu
         step, params = final_params(run_dir)
         assert step == steps
         assert_same_params(params, final_params(straight)[1])
+
+
+@pytest.mark.slow
+def test_second_sigint_stops_at_once_with_status_130(tmp_path, corpus):
+    run_dir = tmp_path / "run"
+    process = start_train(tiny_overrides(run_dir, corpus, train__steps=100000, checkpoint__every_steps=100000))
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and len(_rows(run_dir)) < 2:
+        time.sleep(0.01)
+    process.send_signal(signal.SIGINT)
+    time.sleep(0.02)  # let the first be handled (it sets the stop flag), the second arrives during the save
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 130, err[-2000:]
+    assert err.strip().splitlines()[-1].startswith("error: interrupted twice") and "Traceback" not in err
