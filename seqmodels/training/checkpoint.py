@@ -47,8 +47,8 @@ class Checkpointer:
     def __init__(self, run_dir, config: CheckpointConfig, *, read_only: bool = False):
         self.directory = Path(run_dir).absolute() / "checkpoints"
         self.created_directory = not self.directory.exists()
-        options = ocp.CheckpointManagerOptions(max_to_keep=config.keep, keep_period=config.keep_period or None,
-                                               create=not read_only, read_only=read_only,
+        rotation = {} if read_only else dict(max_to_keep=config.keep, keep_period=config.keep_period or None)
+        options = ocp.CheckpointManagerOptions(**rotation, create=not read_only, read_only=read_only,
                                                enable_async_checkpointing=config.async_save and not read_only)
         self.manager = ocp.CheckpointManager(self.directory, options=options)
         self.last_saved: int | None = None
