@@ -43,6 +43,12 @@ def main(argv=None) -> int:
     from seqmodels.config_io import help_text, load_config
     if args.help_config:
         return print_help_config(help_text())
+    from seqmodels.launch import initialize_distributed
+    try:
+        initialize_distributed()  # one process of several (JAX_COORDINATOR_ADDRESS, SLURM, a TPU pod): join
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_USAGE
     from seqmodels.training.stop import StopFlag
     stop = StopFlag()  # before the heavy imports: a signal during set-up or compilation stops cleanly too
     try:

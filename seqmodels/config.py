@@ -38,6 +38,8 @@ class ModelConfig:
     kernel_impl: Literal["auto", "xla", "pallas", "reference"] = describe(
         "pallas_kernels implementation for recurrent mixers", "auto")
     remat: Literal["none", "full", "dots", "names"] = describe("rematerialisation per layer", "none")
+    scan_layers: bool = describe("run the repeated group of model.mixers as one lax.scan over stacked "
+                                 "parameters (compile time independent of depth)", False)
     init_std: float = describe("standard deviation of the normal initialiser of weights", 0.02)
     attention: AttentionConfig = describe("attention settings", factory=AttentionConfig)
     swa: SlidingWindowConfig = describe("sliding-window attention settings", factory=SlidingWindowConfig)
@@ -283,11 +285,20 @@ class MeshConfig:
     data: int = describe("data-parallel axis size (-1 = all remaining devices)", -1)
     fsdp: int = describe("fully-sharded data-parallel axis size (parameters sharded, batch split)", 1)
     tensor: int = describe("tensor-parallel axis size (heads / MLP hidden / vocab split)", 1)
+    dcn_data: int = describe("of mesh.data, how many ways are across slices / hosts (DCN); the rest is within "
+                             "a slice (ICI)", 1)
+    dcn_fsdp: int = describe("of mesh.fsdp, how many ways are across slices / hosts (DCN)", 1)
+    dcn_tensor: int = describe("of mesh.tensor, how many ways are across slices / hosts (DCN); keep 1", 1)
 
     def __post_init__(self):
         sizes = (self.data, self.fsdp, self.tensor)
         _require(all(s == -1 or s >= 1 for s in sizes), "mesh", f"sizes must be >= 1 or -1, got {sizes}")
         _require(sizes.count(-1) <= 1, "mesh", f"at most one size may be -1, got {sizes}")
+        for axis in ("data", "fsdp", "tensor"):
+            dcn, size = getattr(self, f"dcn_{axis}"), getattr(self, axis)
+            _require(dcn >= 1, f"mesh.dcn_{axis}", f"must be >= 1, got {dcn}")
+            _require(size == -1 or size % dcn == 0, f"mesh.dcn_{axis}",
+                     f"{dcn} must divide mesh.{axis} = {size} (the DCN ways are part of the axis)")
 
 
 @dataclass(frozen=True)

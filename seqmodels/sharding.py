@@ -21,6 +21,7 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 from flax import nnx
+from jax.experimental import mesh_utils
 from flax.nnx import traversals
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
@@ -37,7 +38,15 @@ RULES: dict[str, tuple[str, ...]] = {
 
 
 def make_mesh(mesh_config, devices: Sequence | None = None) -> Mesh:
-    """A ``(data, fsdp, tensor)`` mesh over ``devices`` (default: all); one size may be -1 (fill)."""
+    """A ``(data, fsdp, tensor)`` mesh over ``devices`` (default: all) laid out on the interconnect.
+
+    One size may be -1 (fill). Within a slice (ICI) ``mesh_utils.create_device_mesh`` orders the
+    devices by the physical topology (TPU torus, GPU NVLink islands; plain order on CPU), so the
+    tensor axis, the innermost, gets the fastest links. ``mesh.dcn_*`` > 1 makes that many ways of an
+    axis run across slices or hosts (``create_hybrid_device_mesh``; on GPU and CPU each process is
+    one such granule): data parallelism over DCN, fsdp and tensor within a slice, as MaxText lays out
+    multi-slice meshes.
+    """
     devices = list(jax.devices() if devices is None else devices)
     sizes = [mesh_config.data, mesh_config.fsdp, mesh_config.tensor]
     known = int(np.prod([s for s in sizes if s != -1]))
@@ -48,8 +57,21 @@ def make_mesh(mesh_config, devices: Sequence | None = None) -> Mesh:
     if int(np.prod(sizes)) != len(devices):
         raise ValueError(f"mesh: sizes data={sizes[0]} fsdp={sizes[1]} tensor={sizes[2]} multiply to "
                          f"{int(np.prod(sizes))}, but there are {len(devices)} devices")
-    device_grid = np.asarray(devices).reshape(sizes)
-    return Mesh(device_grid, MESH_AXES)
+    dcn = [getattr(mesh_config, f"dcn_{axis}", 1) for axis in MESH_AXES]
+    if dcn == [1, 1, 1]:
+        grid = mesh_utils.create_device_mesh(sizes, devices, allow_split_physical_axes=True)
+        return Mesh(grid, MESH_AXES)
+    if any(size % ways for size, ways in zip(sizes, dcn)):
+        raise ValueError(f"mesh: the DCN ways {dcn} must divide the axis sizes {sizes}")
+    within = [size // ways for size, ways in zip(sizes, dcn)]
+    by_process = not hasattr(devices[0], "slice_index")
+    granules = len({d.process_index for d in devices}) if by_process else len({d.slice_index for d in devices})
+    if int(np.prod(dcn)) != granules:
+        raise ValueError(f"mesh: dcn_data x dcn_fsdp x dcn_tensor = {int(np.prod(dcn))} must equal the number "
+                         f"of {'processes' if by_process else 'slices'}, {granules}")
+    grid = mesh_utils.create_hybrid_device_mesh(within, dcn, devices, process_is_granule=by_process,
+                                                allow_split_physical_axes=True)
+    return Mesh(grid, MESH_AXES)
 
 
 def logical_spec(names: Sequence[str | None], shape: Sequence[int] | None = None,

@@ -7,6 +7,8 @@
 
 So ``model.mixers: "[swa, attention] * 4"`` is an 8-layer hybrid, and Transformer++ is
 ``[attention] * L``. Positions restart at every document of a packed row (from ``segment_ids``).
+With ``model.scan_layers`` the repeated group of ``model.mixers`` runs as one scanned body over
+stacked parameters (``stack.py``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from seqmodels.layers.common import param
 from seqmodels.layers.mlp import SwiGLU
 from seqmodels.layers.norms import RMSNorm
 from seqmodels.mixers import build_mixer, check_mixer_names, mixer_flops_per_token
+from seqmodels.models.stack import Group, repeat_period, scan_group, slice_group, stack_groups
 from seqmodels.sharding import constrain
 
 REMAT_POLICIES = {
@@ -66,7 +69,14 @@ class LM(nnx.Module):
         check_mixer_names(config.mixers)
         self.config = config
         self.embed = param(rngs, (config.vocab_size, config.d_model), ("vocab", "embed"), std=config.init_std)
-        self.blocks = nnx.List([Block(name, config, rngs) for name in config.mixers])
+        blocks = [Block(name, config, rngs) for name in config.mixers]
+        if config.scan_layers:
+            period = repeat_period(config.mixers)
+            self.repeats = len(blocks) // period
+            self.blocks = None
+            self.stack = stack_groups([Group(blocks[r * period:(r + 1) * period]) for r in range(self.repeats)])
+        else:
+            self.blocks, self.stack = nnx.List(blocks), None
         self.final_norm = RMSNorm(config.d_model, eps=config.norm_eps)
         self.head = None if config.tie_embeddings else param(
             rngs, (config.d_model, config.vocab_size), ("embed", "vocab"), std=config.init_std)
@@ -85,6 +95,8 @@ class LM(nnx.Module):
         dtype = jnp.dtype(self.config.compute_dtype)
         x = jnp.take(self.embed.get_value(), tokens, axis=0).astype(dtype)
         x = constrain(x, ("batch", "seq", "embed"))
+        if self.stack is not None:
+            return self._scanned(x, segment_ids, positions, cache)
         layer_caches = []
         for i, block in enumerate(self.blocks):
             if cache is not None:
@@ -95,13 +107,24 @@ class LM(nnx.Module):
                 x = remat(block, x, segment_ids, positions)
             else:
                 x = block(x, segment_ids=segment_ids, positions=positions)[0]
+        return self._logits(x), self._advance(cache, length, layer_caches)
+
+    def _scanned(self, x, segment_ids, positions, cache):
+        remat = cache is None and self.config.remat != "none"
+        x, layer_caches = scan_group(self.stack, x, segment_ids=None if cache is not None else segment_ids,
+                                     positions=positions, caches=None if cache is None else cache["layers"],
+                                     remat=remat, remat_policy=REMAT_POLICIES.get(self.config.remat))
+        return self._logits(x), self._advance(cache, x.shape[1], layer_caches)
+
+    def _logits(self, x):
         x = self.final_norm(x)
         head = self.embed.get_value().T if self.head is None else self.head.get_value()
-        logits = jnp.dot(x, head.astype(dtype), preferred_element_type=jnp.float32)
-        logits = constrain(logits, ("batch", "seq", "vocab"))
-        if cache is not None:
-            cache = {"position": cache["position"] + length, "layers": layer_caches}
-        return logits, cache
+        logits = jnp.dot(x, head.astype(x.dtype), preferred_element_type=jnp.float32)
+        return constrain(logits, ("batch", "seq", "vocab"))
+
+    @staticmethod
+    def _advance(cache, length, layer_caches):
+        return None if cache is None else {"position": cache["position"] + length, "layers": layer_caches}
 
     def loss(self, batch: dict):
         """Summed next-token cross-entropy over ``batch["loss_mask"]`` and the number of loss tokens."""
@@ -112,8 +135,13 @@ class LM(nnx.Module):
 
     def init_cache(self, batch_size: int, max_len: int) -> dict:
         dtype = jnp.dtype(self.config.compute_dtype)
-        return {"position": jnp.zeros((), jnp.int32),
-                "layers": [block.mixer.init_cache(batch_size, max_len, dtype) for block in self.blocks]}
+        if self.stack is None:
+            layers = [block.mixer.init_cache(batch_size, max_len, dtype) for block in self.blocks]
+        else:  # one cache per block of the group, stacked over the groups like the parameters
+            per_group = [[block.mixer.init_cache(batch_size, max_len, dtype) for block in slice_group(self.stack, r).blocks]
+                         for r in range(self.repeats)]
+            layers = jax.tree.map(lambda *caches: jnp.stack(caches), *per_group)
+        return {"position": jnp.zeros((), jnp.int32), "layers": layers}
 
     def flops_per_token(self, seq_len: int) -> float:
         return lm_flops_per_token(self.config, seq_len)

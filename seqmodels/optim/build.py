@@ -32,15 +32,27 @@ def decay_mask(params):
     return jax.tree_util.tree_map_with_path(decays, params)
 
 
+def _stack_depth(axes: tuple) -> int:
+    """Leading ``layers`` axes (scanned layers): a stack of matrices, each orthogonalised on its own."""
+    depth = 0
+    while depth < len(axes) and axes[depth] == "layers":
+        depth += 1
+    return depth
+
+
 def _uses_muon(axes: tuple) -> bool:
+    axes = axes[_stack_depth(axes):]
     return len(axes) >= 2 and "embed" in axes and "vocab" not in axes
 
 
-def _matrix_shape(axes: tuple, shape: tuple) -> tuple[int, int]:
-    """The 2-D view Muon orthogonalises: the ``embed`` axis on one side, everything else on the other."""
+def _matrix_shape(axes: tuple, shape: tuple) -> tuple[int, ...]:
+    """The 2-D view Muon orthogonalises: the ``embed`` axis on one side, everything else on the other
+    (behind the leading ``layers`` axes of a scanned stack)."""
+    depth = _stack_depth(axes)
+    stack, axes, shape = tuple(shape[:depth]), axes[depth:], shape[depth:]
     if axes[-1] == "embed":
-        return math.prod(shape[:-1]), shape[-1]
-    return shape[0], math.prod(shape[1:])
+        return (*stack, math.prod(shape[:-1]), shape[-1])
+    return (*stack, shape[0], math.prod(shape[1:]))
 
 
 def _head_split(axes: tuple, shape: tuple):

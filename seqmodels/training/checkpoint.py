@@ -106,6 +106,19 @@ class Checkpointer:
                 f"the checkpoint at step {step} in {self.directory} belongs to another architecture: "
                 + "; ".join(diffs) + ". Use another train.run_dir, or the model config it was trained with.")
 
+    def check_process_count(self, step: int) -> None:
+        """Raise ``CheckpointError`` unless the checkpoint's data position was saved by as many processes
+        as run now: each process saved the position of its own share of the data, which another split
+        of the data cannot continue."""
+        files = sorted((self.directory / str(step) / "data").glob("process_*-of-*.json"))
+        saved = {int(f.stem.rsplit("-of-", 1)[1]) for f in files}
+        if saved and saved != {jax.process_count()}:
+            raise CheckpointError(
+                f"the checkpoint at step {step} in {self.directory} was written by {min(saved)} process(es) and "
+                f"this run has {jax.process_count()}: the data position of each process cannot be carried over "
+                f"to another number of processes. Resume with {min(saved)} process(es), or start a new "
+                "train.run_dir (its parameters can be loaded for evaluation on any number of devices).")
+
     def restore_params(self, step: int, abstract_params):
         """The parameters alone, on this process's first device whatever mesh saved them: a run trained on
         many devices loads for evaluation or export on one (orbax would otherwise ask for the saving devices)."""
@@ -129,7 +142,7 @@ class Checkpointer:
     def set_aside(self, incomplete: dict[int, str], message) -> None:
         """Rename incomplete steps aside (``checkpoint_check.set_aside``) and forget them."""
         for step, problems in sorted(incomplete.items()):
-            if (self.directory / str(step)).is_dir():
+            if jax.process_index() == 0 and (self.directory / str(step)).is_dir():
                 target = set_aside(self.directory / str(step))
                 message(f"warning: the checkpoint at step {step} is incomplete ({problems}); renamed aside to "
                         f"{target}")

@@ -11,12 +11,12 @@ checkpoint never holds a state reached through a non-finite loss.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from pathlib import Path
 
 import jax
-import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding
 
@@ -27,6 +27,7 @@ from seqmodels.mixers import check_mixer_names
 from seqmodels.models import flops_per_token
 from seqmodels.optim.build import build_optimizer
 from seqmodels.sharding import logical_spec, make_mesh, param_logical_axes
+from seqmodels.training.batches import data_shard, global_batch
 from seqmodels.training.checkpoint import Checkpointer, CheckpointError
 from seqmodels.training.guard import CollapseGuard
 from seqmodels.training.flops import mfu, peak_flops_per_device
@@ -52,7 +53,7 @@ def validate(config: Config, mesh) -> None:
                           f"data.source={config.data.source} ({vocab}); set model.vocab_size >= {vocab}")
     data_parallel = mesh.shape["data"] * mesh.shape["fsdp"]
     rows = config.train.batch_size // config.train.grad_accum
-    if rows % data_parallel or config.train.batch_size % jax.process_count():
+    if rows % data_parallel:
         raise ConfigError(f"train.batch_size={config.train.batch_size} / train.grad_accum={config.train.grad_accum} "
                           f"= {rows} rows per micro-batch must be divisible by mesh data x fsdp = {data_parallel}")
 
@@ -113,10 +114,6 @@ def _restore_newest_complete(config: Config, checkpointer: Checkpointer, choice,
         + ". Nothing was changed; move the damaged steps away to train from scratch, or use another train.run_dir")
 
 
-def _global_batch(batch: dict, sharding: NamedSharding) -> dict:
-    return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v)) for k, v in batch.items()}
-
-
 def _make_mesh(config: Config):
     try:
         return make_mesh(config.mesh)
@@ -136,15 +133,19 @@ def train(config: Config, stop: StopFlag | None = None) -> dict:
     try:
         mesh = _make_mesh(config)
         validate(config, mesh)
-        dataset = make_train_dataset(config.data, batch_size=config.train.batch_size // jax.process_count(),
-                                     process_index=jax.process_index(), process_count=jax.process_count())
+        batch_sharding = NamedSharding(mesh, logical_spec(("batch", None)))
+        # processes holding the same rows share one data shard
+        shard, shards = data_shard(batch_sharding, config.train.batch_size)
+        dataset = make_train_dataset(config.data, batch_size=config.train.batch_size // shards, process_index=shard,
+                                     process_count=shards)
         iterator = iter(dataset)
-        with RunDirLock(config.train.run_dir):
+        # One lock per run, held by process 0: the processes of one multi-process run share the directory.
+        with RunDirLock(config.train.run_dir) if jax.process_index() == 0 else contextlib.nullcontext():
             checkpointer, choice, incomplete = _open_checkpoints(config)
             checkpointer = checkpointer or Checkpointer(config.train.run_dir, config.checkpoint)
             try:
                 with jax.set_mesh(mesh):
-                    return _run(config, mesh, iterator, checkpointer, choice, incomplete, stop)
+                    return _run(config, mesh, iterator, checkpointer, choice, incomplete, stop, batch_sharding)
             finally:
                 checkpointer.close()
     finally:
@@ -202,7 +203,7 @@ class _StepRecorder:
 
 
 def _run(config: Config, mesh, iterator, checkpointer: Checkpointer, choice, incomplete: dict[int, str],
-         stop: StopFlag) -> dict:
+         stop: StopFlag, batch_sharding) -> dict:
     _, abstract_state = abstract_model(config.model, config.train.seed)
     optimizer, schedule = build_optimizer(
         config.optim, config.train.steps, param_axes=param_logical_axes(abstract_state),
@@ -211,13 +212,14 @@ def _run(config: Config, mesh, iterator, checkpointer: Checkpointer, choice, inc
     start, notes = 0, []
     if choice is not None:
         state, start, notes = _restore_newest_complete(config, checkpointer, choice, incomplete, state, iterator)
-    save_config(config, Path(config.train.run_dir) / "config.yaml")  # the first write: the restore succeeded
+    if jax.process_index() == 0:
+        save_config(config, Path(config.train.run_dir) / "config.yaml")  # the first write: the restore succeeded
     last_step = config.train.exit_at_step or config.train.steps
-    batch_sharding = NamedSharding(mesh, logical_spec(("batch", None)))
     step_fn = jax.jit(make_train_step(graphdef, optimizer, schedule, grad_accum=config.train.grad_accum),
                       in_shardings=(shardings, batch_sharding), out_shardings=(shardings, None),
                       donate_argnums=0)
-    logger = MetricsLogger(config.train.run_dir, config.log, total_steps=config.train.steps, start_step=start)
+    logger = MetricsLogger(config.train.run_dir, config.log, total_steps=config.train.steps, start_step=start,
+                           primary=jax.process_index() == 0)
     for note in notes:
         logger.message(note)
     logger.message(
@@ -248,7 +250,7 @@ def _steps(config: Config, state, step_fn, iterator, batch_sharding, checkpointe
                        "command again to start.")
         return
     for step in steps:
-        state, metrics = step_fn(state, _global_batch(next(iterator), batch_sharding))
+        state, metrics = step_fn(state, global_batch(next(iterator), batch_sharding, config.train.batch_size))
         if pending is not None:
             recorder.record(*pending)  # the previous step's metrics, read while this one runs
         pending = (step, metrics)

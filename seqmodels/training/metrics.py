@@ -39,26 +39,35 @@ def drop_rows_after(path, step: int) -> int:
 class MetricsLogger:
     """``log(step, metrics)`` writes every sink; the progress bar shows loss and tokens/s.
 
+
     Rows of steps after ``start_step`` left by an interrupted run are dropped from ``metrics.jsonl``,
     and TensorBoard is told to discard its events from step ``start_step + 1`` on (``purge_step``), so
     both read as one curve after a resume.
+
+    In a run of several processes only process 0 (``primary``) writes metrics, TensorBoard events,
+    the progress bar and messages; the others log nothing (the metrics are global values, the same
+    on every process).
     """
 
-    def __init__(self, run_dir, config: LogConfig, *, total_steps: int, start_step: int):
+    def __init__(self, run_dir, config: LogConfig, *, total_steps: int, start_step: int, primary: bool = True):
         run_dir = Path(run_dir)
-        drop_rows_after(run_dir / "metrics.jsonl", start_step)
-        self.jsonl = open(run_dir / "metrics.jsonl", "a")
+        self.primary = primary
+        if primary:
+            drop_rows_after(run_dir / "metrics.jsonl", start_step)
+        self.jsonl = open(run_dir / "metrics.jsonl", "a") if primary else None
         self.writer = None
-        if config.tensorboard:
+        if config.tensorboard and primary:
             from tensorboardX import SummaryWriter
             self.writer = SummaryWriter(str(run_dir / "tb"), purge_step=start_step + 1)
         show = config.progress == "always" or (config.progress == "auto" and sys.stderr.isatty())
         self.bar = None
-        if show:
+        if show and primary:
             from tqdm import tqdm
             self.bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True)
 
     def log(self, step: int, metrics: dict) -> None:
+        if self.jsonl is None:
+            return
         record = {"step": step, **{k: float(v) for k, v in metrics.items()}}
         self.jsonl.write(json.dumps(record) + "\n")
         self.jsonl.flush()
@@ -74,6 +83,8 @@ class MetricsLogger:
             self.bar.refresh()
 
     def message(self, text: str) -> None:
+        if not self.primary:
+            return
         if self.bar is not None:
             self.bar.write(text)
         else:
@@ -84,4 +95,5 @@ class MetricsLogger:
             self.bar.close()
         if self.writer is not None:
             self.writer.close()
-        self.jsonl.close()
+        if self.jsonl is not None:
+            self.jsonl.close()

@@ -98,6 +98,7 @@ def choose_step(checkpointer, config: Config, incomplete: dict[int, str], *, pro
     for step in sorted(checkpointer.manager.all_steps(), reverse=True):
         if step in incomplete:
             continue
+        checkpointer.check_process_count(step)  # another process count is refused, not taken for damage
         problems = step_problems(checkpointer.directory / str(step), process_count=process_count)
         if problems:
             incomplete[step] = "; ".join(problems)

@@ -39,15 +39,64 @@ def init_params(config: ModelConfig, seed: int, mesh: Mesh):
     return graphdef, params, shardings
 
 
-def init_train_state(config: ModelConfig, seed: int, mesh: Mesh, optimizer):
-    """``(graphdef, state, state_shardings)``; optimizer moments follow their parameters' sharding."""
-    graphdef, params, shardings = init_params(config, seed, mesh)
-    opt_state = jax.jit(optimizer.init)(params)
-    state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": opt_state}
+def optimizer_state_shardings(abstract_opt_state, params, param_shardings: dict, mesh: Mesh):
+    """The sharding of every optimizer-state leaf: its parameter's, or replicated.
+
+    An optimizer state holds, for each parameter, leaves under a key path that ends with the
+    parameter's own path (``mu/blocks/0/mixer/query/kernel`` for ``blocks/0/mixer/query/kernel``,
+    whatever the optimizer's nesting), of the parameter's shape or of that shape with neighbouring
+    axes merged (Muon keeps ``[d_model, H, Dh]`` projections as ``[d_model, H * Dh]`` matrices). Such a
+    leaf takes the parameter's sharding (``merged_spec``), so fsdp and tensor parallelism split the
+    moments exactly as they split the weights; every other leaf (step counts, scalars, statistics of
+    another shape) is replicated.
+    """
+    by_path = {tuple(path): (leaf.shape, sharding) for (path, leaf), sharding in zip(
+        jax.tree_util.tree_flatten_with_path(params)[0], jax.tree.leaves(param_shardings))}
+    lengths = sorted({len(path) for path in by_path}, reverse=True)
     replicated = NamedSharding(mesh, PartitionSpec())
-    state_shardings = jax.tree.map(
-        lambda x: x.sharding if isinstance(x.sharding, NamedSharding) else replicated, state)
-    state = jax.device_put(state, state_shardings)
+
+    def choose(path, leaf):
+        for length in lengths:
+            match = by_path.get(tuple(path[-length:])) if len(path) >= length else None
+            if match is not None:
+                spec = merged_spec(tuple(match[0]), tuple(match[1].spec), tuple(leaf.shape))
+                return replicated if spec is None else NamedSharding(mesh, spec)
+        return replicated
+
+    return jax.tree_util.tree_map_with_path(choose, abstract_opt_state)
+
+
+def merged_spec(shape: tuple, spec: tuple, merged_shape: tuple) -> PartitionSpec | None:
+    """The spec of ``merged_shape`` (``shape`` with runs of neighbouring axes merged) laid out as ``spec``
+    lays out ``shape``, or None when the layouts differ.
+
+    A merged axis keeps the split of its first axis when the others of its run are whole: rows of
+    a ``[H, Dh]`` block split over H are contiguous runs of ``H * Dh``, so the shards hold the same
+    numbers either way.
+    """
+    spec = tuple(spec) + (None,) * (len(shape) - len(spec))
+    result, axis = [], 0
+    for size in merged_shape:
+        run, product = [], 1
+        while axis < len(shape) and (product < size or (not run and shape[axis] == size)):
+            run.append(axis)
+            product *= shape[axis]
+            axis += 1
+        if product != size or any(spec[i] is not None for i in run[1:]):
+            return None
+        result.append(spec[run[0]] if run else None)
+    return PartitionSpec(*result) if axis == len(shape) else None
+
+
+def init_train_state(config: ModelConfig, seed: int, mesh: Mesh, optimizer):
+    """``(graphdef, state, state_shardings)``; optimizer moments are created in their parameters' sharding."""
+    graphdef, params, shardings = init_params(config, seed, mesh)
+    abstract_opt_state = jax.eval_shape(optimizer.init, params)
+    opt_shardings = optimizer_state_shardings(abstract_opt_state, params, shardings, mesh)
+    opt_state = jax.jit(optimizer.init, out_shardings=opt_shardings)(params)
+    replicated = NamedSharding(mesh, PartitionSpec())
+    state = {"step": jax.device_put(jnp.zeros((), jnp.int32), replicated), "params": params, "opt_state": opt_state}
+    state_shardings = {"step": replicated, "params": shardings, "opt_state": opt_shardings}
     return graphdef, state, state_shardings
 
 

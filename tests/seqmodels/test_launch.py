@@ -1,0 +1,91 @@
+"""Multi-process training over JAX's CPU collectives: 2 processes x 2 devices equal 1 process x 4 devices."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from seqmodels.launch import cluster_detected, process_environment
+from conftest import tiny_overrides
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.xdist_group("launch")  # one worker: the two processes need both cores
+
+
+MQAR = dict(data__source="mqar", data__synthetic__vocab_size=32, data__synthetic__num_pairs=4, model__vocab_size=32)
+
+
+def run(overrides, *, processes: int, expect: int = 0):
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
+    env.pop("JAX_COORDINATOR_ADDRESS", None)
+    if processes == 1:
+        env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+        command = [sys.executable, str(ROOT / "train.py"), *overrides]
+    else:
+        command = [sys.executable, "-m", "seqmodels.launch", "--processes", str(processes), "--devices-per-process",
+                   str(4 // processes), "--timeout", "500", "--", str(ROOT / "train.py"), *overrides]
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == expect, result.stdout[-2000:] + result.stderr[-4000:]
+    return result
+
+
+def losses(run_dir) -> dict:
+    records = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in records]
+    assert len(steps) == len(set(steps)), "metrics.jsonl has a step twice: only process 0 may write it"
+    return {r["step"]: r["loss"] for r in records}
+
+
+def assert_same_losses(a: dict, b: dict):
+    assert sorted(a) == sorted(b)
+    for step in a:
+        assert abs(a[step] - b[step]) <= 1e-6 * max(1.0, abs(a[step])), (step, a[step], b[step])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mesh", [(-1, 1, 1), (1, 4, 1), (1, 2, 2), (1, 1, 4)],
+                         ids=["data", "fsdp", "fsdp_x_tensor", "tensor_across_processes"])
+def test_two_processes_train_as_one_with_four_devices(tmp_path, tiny_corpus, mesh):
+    # MQAR rows are a function of (seed, example index), so the global batch holds the same examples
+    # however the processes split it: the runs must agree up to the order of float reductions.
+    extra = dict(mesh__data=mesh[0], mesh__fsdp=mesh[1], mesh__tensor=mesh[2], train__steps=10,
+                 checkpoint__every_steps=10, model__num_heads=4, **MQAR)
+    one = run(tiny_overrides(tmp_path / "one", tiny_corpus, **extra), processes=1)
+    two = run(tiny_overrides(tmp_path / "two", tiny_corpus, **extra), processes=2)
+    assert "[process 1]" in two.stdout + two.stderr
+    assert_same_losses(losses(tmp_path / "one"), losses(tmp_path / "two"))
+    assert len(losses(tmp_path / "two")) == 10
+
+
+@pytest.mark.slow
+def test_a_checkpoint_of_two_processes_resumes_in_two_and_is_refused_in_one(tmp_path, tiny_corpus):
+    extra = dict(train__steps=10, checkpoint__every_steps=5, checkpoint__async_save=False, **MQAR)
+    run(tiny_overrides(tmp_path / "whole", tiny_corpus, **extra), processes=2)
+    run(tiny_overrides(tmp_path / "split", tiny_corpus, train__exit_at_step=5, **extra), processes=2)
+    refused = run(tiny_overrides(tmp_path / "split", tiny_corpus, **extra), processes=1, expect=2)
+    assert "written by 2 process(es) and this run has 1" in refused.stderr
+    run(tiny_overrides(tmp_path / "split", tiny_corpus, **extra), processes=2)
+    assert_same_losses(losses(tmp_path / "whole"), losses(tmp_path / "split"))
+
+
+def test_only_a_process_of_several_joins_a_cluster():
+    assert not cluster_detected({})
+    assert not cluster_detected({"SLURM_JOB_ID": "7", "SLURM_NTASKS": "1"})
+    assert cluster_detected({"SLURM_JOB_ID": "7", "SLURM_NTASKS": "4"})
+    assert cluster_detected({"JAX_COORDINATOR_ADDRESS": "10.0.0.1:1234"})
+    assert cluster_detected({"TPU_WORKER_HOSTNAMES": "t0,t1,t2,t3"})
+    assert not cluster_detected({"TPU_WORKER_HOSTNAMES": "localhost"})
+    env = process_environment(1, 2, 3, 4321, environ={"XLA_FLAGS": "--xla_foo=1 --xla_force_host_platform_device_count=8"})
+    assert env["JAX_PROCESS_ID"] == "1" and env["JAX_NUM_PROCESSES"] == "2"
+    assert env["JAX_COORDINATOR_ADDRESS"] == "127.0.0.1:4321"
+    assert env["XLA_FLAGS"] == "--xla_foo=1 --xla_force_host_platform_device_count=3"
+
+
+def test_the_launcher_refuses_a_missing_command_and_a_bad_process_count():
+    result = subprocess.run([sys.executable, "-m", "seqmodels.launch", "--processes", "0", "--", "train.py"],
+                            cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 2 and "processes must be an int >= 1" in result.stderr

@@ -1,0 +1,69 @@
+"""The train state on a mesh: optimizer moments are created in their parameters' sharding."""
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from seqmodels.config import MeshConfig, ModelConfig, OptimConfig
+from seqmodels.optim.build import build_optimizer
+from seqmodels.sharding import make_mesh, param_logical_axes
+from seqmodels.training.state import abstract_model, init_train_state, merged_spec
+
+
+def _state_on_mesh(optimizer_name: str):
+    config = ModelConfig(d_model=64, num_heads=4, vocab_size=64, mixers=("attention", "attention"), max_seq_len=32)
+    _, abstract_state = abstract_model(config)
+    optimizer, _ = build_optimizer(OptimConfig(name=optimizer_name), 10, param_axes=param_logical_axes(abstract_state),
+                                   param_shapes=jax.tree.map(lambda x: tuple(x.shape),
+                                                             nnx.to_pure_dict(abstract_state)))
+    mesh = make_mesh(MeshConfig(data=1, fsdp=4, tensor=2))
+    return init_train_state(config, 0, mesh, optimizer)
+
+
+def _by_path(tree):
+    return {jax.tree_util.keystr(path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+@pytest.mark.parametrize("optimizer_name", ["adamw", "muon"])
+def test_every_optimizer_leaf_is_sharded_like_its_parameter_or_is_a_replicated_scalar(optimizer_name):
+    _, state, shardings = _state_on_mesh(optimizer_name)
+    params = _by_path(state["params"])
+    sharded_moments = 0
+    for path, leaf in _by_path(state["opt_state"]).items():
+        owner = [p for p in params if path.endswith(p)]
+        if owner:
+            param = params[owner[0]]
+            if leaf.shape == param.shape:
+                assert leaf.sharding.spec == param.sharding.spec, path
+            else:  # Muon's [d_model, H * Dh] view of a [d_model, H, Dh] projection: split as the weight is
+                assert leaf.size == param.size, path
+                assert leaf.sharding.spec == merged_spec(param.shape, param.sharding.spec, leaf.shape), path
+            sharded_moments += any(axis is not None for axis in leaf.sharding.spec)
+        else:
+            assert leaf.ndim == 0 and all(axis is None for axis in leaf.sharding.spec), (path, leaf.shape)
+    # Adam: mu and nu of the embedding and of every projection are split; Muon: its momentum of every
+    # projection and Adam's moments of the embedding.
+    assert sharded_moments >= {"adamw": 2 * 9, "muon": 8 + 2}[optimizer_name]
+    # The declared shardings are the ones the arrays carry (they feed the jitted step's in/out shardings).
+    for leaf, sharding in zip(jax.tree.leaves(state), jax.tree.leaves(shardings)):
+        assert leaf.sharding.is_equivalent_to(sharding, leaf.ndim)
+
+
+def test_fsdp_divides_the_optimizer_state_per_device():
+    _, state, _ = _state_on_mesh("adamw")
+
+    def bytes_on_device_0(tree):
+        return sum(shard.data.nbytes for leaf in jax.tree.leaves(tree) for shard in leaf.addressable_shards
+                   if shard.device == jax.devices()[0])
+
+    params, moments = bytes_on_device_0(state["params"]), bytes_on_device_0(state["opt_state"])
+    total_params = sum(leaf.nbytes for leaf in jax.tree.leaves(state["params"]))
+    assert params < total_params / 3  # fsdp 4 x tensor 2 split the weights
+    np.testing.assert_allclose(moments, 2 * params, rtol=0.05)  # two moments, split as the weights are
+
+
+def test_merged_spec_keeps_the_split_of_a_run_whose_first_axis_is_split():
+    assert merged_spec((64, 4, 16), ("fsdp", "tensor", None), (64, 64)) == jax.sharding.PartitionSpec("fsdp", "tensor")
+    assert merged_spec((64, 4, 16), ("fsdp", None, "tensor"), (64, 64)) is None  # split inside a run
+    assert merged_spec((64, 4), ("fsdp", None), (32, 8)) is None  # not a merge of neighbouring axes
