@@ -32,8 +32,8 @@ def parse_args(argv):
     parser.add_argument("--examples", type=int, default=256, help="cfl: strings per language and length")
     parser.add_argument("--cfl-seed", type=int, default=1234,
                         help="cfl: seed of the evaluation strings (experiments/cfl/run.py's --eval-seed default is 1234)")
-    parser.add_argument("--out", help="JSON path (default: <run>/eval.json); the perplexity plot is written beside "
-                                      "it as <stem>_loss_by_position.png")
+    parser.add_argument("--out", help="JSON path (default: <run>/eval.json); the perplexity plot is written "
+                                      "beside it as <stem>_loss_by_position.png")
     return parser.parse_args(argv)
 
 

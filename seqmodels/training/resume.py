@@ -20,7 +20,8 @@ from seqmodels.training.checkpoint import CheckpointError
 
 # Keys (or sections, ending in '.') a resume may change without being asked: where the run lives, when
 # this process stops, how the collapse guard watches, how checkpoints are kept and how metrics are shown.
-RESUMABLE_KEYS = ("train.run_dir", "train.exit_at_step", "train.guard_steps", "train.guard_sigma", "checkpoint.", "log.")
+RESUMABLE_KEYS = ("train.run_dir", "train.exit_at_step", "train.guard_steps", "train.guard_sigma", "checkpoint.",
+                  "log.")
 
 
 def check_allow_changes(allowed: tuple[str, ...]) -> None:
