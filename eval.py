@@ -1,7 +1,7 @@
 """Evaluate a trained run: ``python eval.py --run runs/x [--step N] [--out results.json]``.
 
 Loads the run's resolved config and its latest (or ``--step``) checkpoint, then runs the suites:
-``perplexity`` (held-out loss, perplexity and loss per position bucket, plus a PNG plot),
+``perplexity`` (held-out loss, perplexity and loss per position bucket, plus a PNG plot beside ``--out``),
 ``recall`` (answer accuracy on held-out MQAR / selective-copying examples built from the run's
 ``data.seq_len`` and ``data.synthetic``: the run's own task, or both when it trained on text) and
 ``cfl`` (accept/reject accuracy per language of ``data.cfl.languages`` and string length ``--lengths``,
@@ -32,44 +32,93 @@ def parse_args(argv):
     parser.add_argument("--examples", type=int, default=256, help="cfl: strings per language and length")
     parser.add_argument("--cfl-seed", type=int, default=1234,
                         help="cfl: seed of the evaluation strings (experiments/cfl/run.py's --eval-seed default is 1234)")
-    parser.add_argument("--out", help="JSON path (default: <run>/eval.json)")
+    parser.add_argument("--out", help="JSON path (default: <run>/eval.json); the perplexity plot is written "
+                                      "beside it as <stem>_loss_by_position.png")
     return parser.parse_args(argv)
+
+
+# What a suite needs of the run it evaluates: (test on the run's config, what to tell the user when it fails).
+SUITE_NEEDS = {
+    "perplexity": (lambda config: config.model.kind == "lm",
+                   "a language model (model.kind=lm); this run is a looped classifier: use --suites cfl"),
+    "recall": (lambda config: config.model.kind == "lm",
+               "a language model (model.kind=lm); this run is a looped classifier: use --suites cfl"),
+    "cfl": (lambda config: config.data.source == "cfl",
+            "a run trained on data.source=cfl (its accept/reject tokens); use --suites perplexity or recall"),
+}
+
+
+def check_args(args) -> tuple[list[str], list[int]]:
+    """``(suites, lengths)`` from the arguments; raise ``ConfigError`` naming the flag that is wrong."""
+    suites = [s.strip() for s in args.suites.split(",") if s.strip()]
+    if not suites:
+        raise ConfigError(f"--suites {args.suites!r} names no suite; choose from {list(SUITES)}")
+    unknown = [s for s in suites if s not in SUITES]
+    if unknown:
+        raise ConfigError(f"unknown suite(s) {unknown}; choose from {list(SUITES)}")
+    for flag in ("batch_size", "max_batches", "examples"):
+        if getattr(args, flag) < 1:
+            raise ConfigError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    try:
+        lengths = [int(n) for n in args.lengths.split(",")]
+    except ValueError:
+        raise ConfigError(f"--lengths {args.lengths!r}: expected comma-separated integers, e.g. 16,32,64") from None
+    if any(n < 1 for n in lengths):
+        raise ConfigError(f"--lengths {args.lengths!r}: every length must be >= 1")
+    return suites, lengths
+
+
+def check_suites_fit(suites, config, run_dir) -> None:
+    for suite in suites:
+        fits, needs = SUITE_NEEDS[suite]
+        if not fits(config):
+            raise ConfigError(f"suite {suite!r} needs {needs} ({run_dir})")
+
+
+def write_results(results: dict, out: Path) -> None:
+    """Write ``out`` (and the perplexity plot beside it) only now that every suite has run; atomically."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if "perplexity" in results:
+        from seqmodels.evaluation.perplexity import plot_loss_by_position
+        plot_loss_by_position(results["perplexity"], out.with_name(out.stem + "_loss_by_position.png"))
+    temporary = out.with_name(out.name + ".tmp")
+    temporary.write_text(json.dumps(results, indent=2))
+    temporary.replace(out)
 
 
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    suites = [s.strip() for s in args.suites.split(",") if s.strip()]
-    unknown = [s for s in suites if s not in SUITES]
-    if unknown:
-        print(f"error: unknown suite(s) {unknown}; choose from {list(SUITES)}", file=sys.stderr)
-        return 2
     from seqmodels.data.corpus import DataError
     from seqmodels.evaluation.loading import load_run
-    from seqmodels.evaluation.perplexity import evaluate_perplexity, plot_loss_by_position
+    from seqmodels.evaluation.perplexity import evaluate_perplexity
     from seqmodels.training.checkpoint import CheckpointError
     run_dir = Path(args.run)
+    out = Path(args.out) if args.out else run_dir / "eval.json"
     try:
+        suites, lengths = check_args(args)
         config, model, step = load_run(run_dir, step=args.step)
+        check_suites_fit(suites, config, run_dir)
         results = {"run": str(run_dir), "step": step}
         if "perplexity" in suites:
             results["perplexity"] = evaluate_perplexity(model, config, batch_size=args.batch_size,
                                                         max_batches=args.max_batches)
-            plot_loss_by_position(results["perplexity"], run_dir / "eval_loss_by_position.png")
         if "recall" in suites:
             from seqmodels.evaluation.recall import evaluate_recall
             results["recall"] = evaluate_recall(model, config, batch_size=args.batch_size,
                                                 max_batches=args.max_batches)
         if "cfl" in suites:
             from seqmodels.evaluation.cfl import evaluate_cfl
-            lengths = [int(n) for n in args.lengths.split(",")]
             results["cfl"] = evaluate_cfl(model, config.data.cfl.languages, lengths, num_examples=args.examples,
                                           seed=args.cfl_seed, batch_size=args.batch_size)
             results["cfl_seed"] = args.cfl_seed
+        write_results(results, out)
     except (ConfigError, DataError, CheckpointError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    out = Path(args.out) if args.out else run_dir / "eval.json"
-    out.write_text(json.dumps(results, indent=2))
+    except OSError as error:
+        print(f"error: cannot write the results to {out}: {error.strerror or error}; choose a writable --out "
+              "(the plot goes beside it)", file=sys.stderr)
+        return 2
     print(json.dumps(results, indent=2))
     return 0
 

@@ -7,6 +7,7 @@ own source files, byte-level, on whatever devices are present (a few minutes on 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from seqmodels.config import ConfigError
@@ -20,32 +21,76 @@ def parse_args(argv):
     return parser.parse_args(argv)
 
 
+# Exit statuses (documented in the README): a scheduler requeues on EXIT_PREEMPTED.
+EXIT_DONE = 0  # trained to train.steps (or train.exit_at_step)
+EXIT_DIVERGED = 1  # non-finite loss, or the collapse guard stopped the run; the last good checkpoint is kept
+EXIT_USAGE = 2  # bad config, data, run directory or checkpoint: nothing was overwritten
+EXIT_PREEMPTED = 3  # SIGTERM / SIGINT: a checkpoint of the last step was saved (if any step ran); rerun to resume
+EXIT_ABORTED = 130  # a second SIGINT: stopped at once, without saving
+
+
+def print_help_config(text: str) -> int:
+    """Print ``text``; a closed pipe (``--help-config | head``) is the reader's choice, not an error."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at interpreter exit
+    return EXIT_DONE
+
+
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    from seqmodels.config_io import help_text, load_config
+    from seqmodels.config_io import help_text
     if args.help_config:
-        print(help_text())
-        return 0
+        return print_help_config(help_text())
     from seqmodels.launch import initialize_distributed
     try:
         initialize_distributed()  # one process of several (JAX_COORDINATOR_ADDRESS, SLURM, a TPU pod): join
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
-        return 2
-    from seqmodels.data.corpus import DataError
+        return EXIT_USAGE
+    from seqmodels.training.stop import StopFlag
+    stop = StopFlag()  # before the heavy imports: a signal during set-up or compilation stops cleanly too
+    try:
+        from seqmodels.data.corpus import DataError
+        from seqmodels.training.checkpoint import CheckpointError
+        from seqmodels.training.loop import TrainingDiverged, train
+        from seqmodels.training.run_dir import RunDirError
+    except KeyboardInterrupt:
+        stop.restore()
+        print("error: interrupted while starting; nothing was written", file=sys.stderr)
+        return EXIT_ABORTED
+    try:
+        return _train(args, stop, train, (ConfigError, DataError, CheckpointError, RunDirError), TrainingDiverged)
+    finally:
+        stop.restore()
+
+
+def _train(args, stop, train, usage_errors, diverged) -> int:
+    from seqmodels.config_io import load_config
     from seqmodels.hf.init_from import explicit_model_keys, resolve_init_from
-    from seqmodels.training.checkpoint import CheckpointError
-    from seqmodels.training.loop import TrainingDiverged, train
     try:
         config = resolve_init_from(load_config(args.config, args.overrides),
                                    explicit_model_keys(args.config, args.overrides))
-        summary = train(config)
-    except (ConfigError, DataError, CheckpointError) as error:
+        summary = train(config, stop)
+    except usage_errors as error:
         print(f"error: {error}", file=sys.stderr)
-        return 2
-    except TrainingDiverged as error:
+        return EXIT_USAGE
+    except OSError as error:
+        print(f"error: {error.strerror or error}: {error.filename or ''}; check that train.run_dir is writable "
+              "and its disk has space", file=sys.stderr)
+        return EXIT_USAGE
+    except diverged as error:
         print(f"error: {error}", file=sys.stderr)
-        return 1
+        return EXIT_DIVERGED
+    except KeyboardInterrupt:
+        print("error: interrupted twice: stopped at once without saving; run the same command to resume from the "
+              "last checkpoint", file=sys.stderr)
+        return EXIT_ABORTED
+    if summary["interrupted_by"]:
+        print(f"stopped by {summary['interrupted_by']} after step {summary['end_step']} (exit status "
+              f"{EXIT_PREEMPTED}); run directory {config.train.run_dir}", file=sys.stderr)
+        return EXIT_PREEMPTED
     losses = [summary["losses"][step] for step in sorted(summary["losses"])]
     if losses:
         window = max(1, min(10, len(losses) // 4))
@@ -53,7 +98,7 @@ def main(argv=None) -> int:
               f"{summary['first_loss']:.4f} -> {summary['last_loss']:.4f} (mean of the first {window} steps "
               f"{sum(losses[:window]) / window:.4f}, of the last {window} {sum(losses[-window:]) / window:.4f}); "
               f"run directory {config.train.run_dir}")
-    return 0
+    return EXIT_DONE
 
 
 if __name__ == "__main__":

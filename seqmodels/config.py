@@ -67,16 +67,31 @@ class ModelConfig:
         _require(self.init_from == "" or self.init_from.startswith("hf:") and len(self.init_from) > 3,
                  "model.init_from", f"must be '' or hf:DIR (a Hugging Face directory), got {self.init_from!r}")
         _require(self.init_std > 0, "model.init_std", "must be > 0")
-        _require(self.atlas.poly_degree == 1 or self.atlas.poly_key_dim <= self.head_dim, "model.atlas.poly_key_dim",
+        _require(self.norm_eps > 0, "model.norm_eps", f"must be > 0 (RMSNorm divides by sqrt(mean + eps)), got "
+                                                      f"{self.norm_eps}")
+        # A mixer's section is checked against the model only when a layer uses that mixer.
+        _require(not self._uses("atlas") or self.atlas.poly_degree == 1 or self.atlas.poly_key_dim <= self.head_dim,
+                 "model.atlas.poly_key_dim",
                  f"{self.atlas.poly_key_dim} exceeds the head dimension d_model / num_heads = {self.head_dim}")
         _require(self.kind == "looped" or self.attention.causal, "model.attention.causal",
                  "false (bidirectional) is for the looped model's blocks (model.looped.attention); a decoder LM "
                  "must be causal")
-        _require(self.looped.positions == "rope" or self.d_model % 2 == 0, "model.looped.positions",
+        _require(self.kind != "looped" or self.looped.positions == "rope" or self.d_model % 2 == 0,
+                 "model.looped.positions",
                  f"rope+sinusoidal needs an even model.d_model (sine and cosine pairs), got {self.d_model}")
         inner = self.mamba2.expand * self.d_model
-        _require(not self.mamba2.head_dim or inner % self.mamba2.head_dim == 0, "model.mamba2.head_dim",
+        _require(not (self._uses("mamba2") or self._uses("muonssm_mamba2")) or not self.mamba2.head_dim
+                 or inner % self.mamba2.head_dim == 0, "model.mamba2.head_dim",
                  f"{self.mamba2.head_dim} does not divide model.mamba2.expand * model.d_model = {inner}")
+
+    @property
+    def mixers_in_use(self) -> tuple[str, ...]:
+        """The registered mixers the model builds: ``mixers`` of an LM, the looped block's ``looped.mixer``."""
+        return (self.looped.mixer,) if self.kind == "looped" else self.mixers
+
+    def _uses(self, family: str) -> bool:
+        """A layer uses a mixer named ``family`` or ``family_*`` (``atlas`` covers ``atlas_mag``, ``atlas_mal``)."""
+        return any(name == family or name.startswith(family + "_") for name in self.mixers_in_use)
 
     @property
     def head_dim(self) -> int:
@@ -270,6 +285,10 @@ class TrainConfig:
         "checkpoint and stop after this step though train.steps is larger (time-limited jobs); 0 = off", 0)
     seed: int = describe("seed of parameter initialisation", 0)
     run_dir: str = describe("directory of checkpoints, logs and the resolved config", "runs/default")
+    guard_steps: int = describe(
+        "stop (before saving) after this many consecutive anomalous steps: zero gradient norm, or loss more than "
+        "train.guard_sigma running standard deviations above its running mean; 0 = off", 4)
+    guard_sigma: float = describe("loss spike threshold of the guard, in running standard deviations", 6.0)
 
     def __post_init__(self):
         _require_at_least(self, "train", steps=1, batch_size=1, grad_accum=1)
@@ -278,6 +297,8 @@ class TrainConfig:
         _require(0 <= self.exit_at_step <= self.steps, "train.exit_at_step",
                  f"must be in [0, train.steps={self.steps}], got {self.exit_at_step}")
         _require(bool(self.run_dir), "train.run_dir", "must not be empty")
+        _require(self.guard_steps >= 0, "train.guard_steps", f"must be >= 0, got {self.guard_steps}")
+        _require(self.guard_sigma > 0, "train.guard_sigma", f"must be > 0, got {self.guard_sigma}")
 
 
 @dataclass(frozen=True)
@@ -309,12 +330,18 @@ class CheckpointConfig:
 
     every_steps: int = describe("save every this many steps (and always at the end or on SIGTERM)", 100)
     keep: int = describe("keep the last this many checkpoints", 3)
+    keep_period: int = describe(
+        "never rotate out a checkpoint whose step is a multiple of this (orbax keep_period); 0 = off", 1000)
+    allow_changes: tuple[str, ...] = describe(
+        "keys (or sections) a resume may change from the checkpoint's settings, e.g. [train.steps]; others are "
+        "refused (model.* never changes)", factory=tuple)
     async_save: bool = describe("write checkpoints in the background", True)
     resume: bool = describe("resume from the latest checkpoint in train.run_dir if there is one", True)
 
     def __post_init__(self):
         _require(self.every_steps >= 1, "checkpoint.every_steps", "must be >= 1")
         _require(self.keep >= 1, "checkpoint.keep", "must be >= 1")
+        _require(self.keep_period >= 0, "checkpoint.keep_period", f"must be >= 0, got {self.keep_period}")
 
 
 @dataclass(frozen=True)

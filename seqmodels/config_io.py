@@ -166,11 +166,15 @@ def parse_overrides(overrides) -> dict:
     return tree
 
 
-def _deep_merge(base: dict, update: dict) -> dict:
+def _deep_merge(base: dict, update: dict, prefix: str = "") -> dict:
+    """``update`` over ``base``; a section of ``update`` never replaces a value of ``base`` silently."""
     merged = dict(base)
     for key, value in update.items():
         if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = _deep_merge(merged[key], value)
+            merged[key] = _deep_merge(merged[key], value, f"{prefix}{key}.")
+        elif isinstance(value, dict) and key in merged:
+            raise ConfigError(f"{prefix}{key}: the config file gives {merged[key]!r} where a section (a mapping of "
+                              f"keys) is expected; write it as a mapping, e.g. '{key}: {{...}}'")
         else:
             merged[key] = value
     return merged

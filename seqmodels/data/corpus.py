@@ -28,6 +28,7 @@ import dataclasses
 import glob
 import hashlib
 import os
+import sys
 import sysconfig
 from collections.abc import Sequence
 
@@ -41,6 +42,28 @@ _SKIPPED_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__"})
 
 class DataError(ValueError):
     """The data cannot be loaded as configured; the message names the config key and its value."""
+
+
+_REPORTED_INVALID_UTF8: set[str] = set()
+
+
+def decode_document(data: bytes, origin: str, name: str) -> str:
+    """UTF-8 text of a document; invalid byte sequences become U+FFFD, counted and reported once per origin.
+
+    The first document of ``origin`` (the setting that chose the documents) holding invalid UTF-8 prints
+    one warning to stderr with its count; later ones are replaced silently, as the warning says.
+    """
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        text = data.decode("utf-8", errors="replace")
+    if origin not in _REPORTED_INVALID_UTF8:
+        _REPORTED_INVALID_UTF8.add(origin)
+        invalid = text.count("\ufffd") - data.count("\ufffd".encode())
+        print(f"warning: {origin}: {name} holds {invalid} invalid UTF-8 byte sequence(s), read as U+FFFD; other "
+              "documents of this source with invalid UTF-8 are replaced the same way without a further warning",
+              file=sys.stderr, flush=True)
+    return text
 
 
 class FileDocuments(Sequence):
@@ -62,7 +85,7 @@ class FileDocuments(Sequence):
         path = self.paths[index]
         try:
             with open(path, "rb") as handle:
-                return handle.read().decode("utf-8", errors="replace")
+                return decode_document(handle.read(), self.origin, path)
         except OSError as error:
             raise DataError(f"{self.origin}: cannot read {path}: {error}") from error
 
@@ -95,7 +118,7 @@ class RecordDocuments(Sequence):
             data = self.source[record]
         except (RuntimeError, OSError, ValueError) as error:
             raise DataError(f"{self.origin}: cannot read record {record}: {error}") from error
-        return bytes(data).decode("utf-8", errors="replace")
+        return decode_document(bytes(data), self.origin, f"record {record}")
 
     def subset(self, indices: Sequence[int]) -> RecordDocuments:
         return RecordDocuments(self.source, self.record_indices[np.asarray(indices, dtype=np.int64)],

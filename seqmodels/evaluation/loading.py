@@ -25,7 +25,7 @@ def load_run(run_dir, *, step: int | None = None, model_overrides: Config | None
     config = config_from_dict(read_yaml(config_path))
     if not (run_dir / "checkpoints").is_dir():
         raise CheckpointError(f"{run_dir} holds no checkpoints yet")
-    checkpointer = Checkpointer(run_dir, config.checkpoint)
+    checkpointer = Checkpointer(run_dir, config.checkpoint, read_only=True)
     try:
         steps = checkpointer.manager.all_steps()
         if not steps:

@@ -7,6 +7,7 @@ temporary directory and renames) and, when ``checkpoint.async_save``, run in the
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import grain
@@ -15,10 +16,11 @@ import orbax.checkpoint as ocp
 
 from seqmodels.config import CheckpointConfig, ConfigError
 from seqmodels.config_io import config_from_dict, to_dict
+from seqmodels.training.checkpoint_check import set_aside
 
 
 class CheckpointError(ValueError):
-    """A checkpoint is missing, or belongs to another architecture."""
+    """A checkpoint is missing, incomplete, of another architecture or settings, or cannot be written."""
 
 
 def saved_model_config(saved: dict) -> dict:
@@ -40,11 +42,16 @@ def architecture_differences(saved: dict, current: dict, prefix: str = "model") 
 
 
 class Checkpointer:
-    def __init__(self, run_dir, config: CheckpointConfig):
+    """The run's orbax ``CheckpointManager``; ``read_only=True`` (evaluation, export) never writes to the run."""
+
+    def __init__(self, run_dir, config: CheckpointConfig, *, read_only: bool = False):
         self.directory = Path(run_dir).absolute() / "checkpoints"
-        options = ocp.CheckpointManagerOptions(max_to_keep=config.keep, create=True,
-                                               enable_async_checkpointing=config.async_save)
+        self.created_directory = not self.directory.exists()
+        rotation = {} if read_only else dict(max_to_keep=config.keep, keep_period=config.keep_period or None)
+        options = ocp.CheckpointManagerOptions(**rotation, create=not read_only, read_only=read_only,
+                                               enable_async_checkpointing=config.async_save and not read_only)
         self.manager = ocp.CheckpointManager(self.directory, options=options)
+        self.last_saved: int | None = None
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
@@ -56,7 +63,28 @@ class Checkpointer:
                      config=ocp.args.JsonSave(config_dict))
         if data_iterator is not None:
             items["data"] = grain.checkpoint.CheckpointSave(data_iterator)
-        self.manager.save(step, args=ocp.args.Composite(**items), force=True)
+        with self._save_errors(step):
+            self.manager.save(step, args=ocp.args.Composite(**items), force=True)
+        self.last_saved = step
+
+    @contextlib.contextmanager
+    def _save_errors(self, step: int | None):
+        """A failed write (full disk, read-only file system, ...) as a ``CheckpointError`` saying what is kept.
+
+        orbax writes a step into a temporary directory and renames it when complete, so the steps already
+        committed are untouched by a failed save; the temporary directory is left for orbax to clean up.
+        """
+        try:
+            yield
+        except (OSError, ValueError, RuntimeError) as error:
+            committed = sorted(self.manager.all_steps(read=True)) if self.directory.is_dir() else []
+            failed = [s for s in committed if s != step] if step is not None else committed
+            kept = f"the checkpoint at step {failed[-1]} is kept" if failed else "no earlier checkpoint exists"
+            what = f"the checkpoint at step {step}" if step is not None else "a checkpoint"
+            reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise CheckpointError(f"writing {what} to {self.directory} failed: {reason[:300]}; {kept}. Free disk "
+                                  "space (or fix the directory's permissions) and run the same command to "
+                                  "resume") from None
 
     def read_config(self, step: int) -> dict:
         return self.manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore())).config
@@ -111,12 +139,27 @@ class Checkpointer:
                                     abstract_state["step"].sharding)
         return {"step": step_array, "params": restored.params, "opt_state": restored.opt_state}
 
+    def set_aside(self, incomplete: dict[int, str], message) -> None:
+        """Rename incomplete steps aside (``checkpoint_check.set_aside``) and forget them."""
+        for step, problems in sorted(incomplete.items()):
+            if jax.process_index() == 0 and (self.directory / str(step)).is_dir():
+                target = set_aside(self.directory / str(step))
+                message(f"warning: the checkpoint at step {step} is incomplete ({problems}); renamed aside to "
+                        f"{target}")
+        self.manager.reload()
+
     def wait(self) -> None:
-        self.manager.wait_until_finished()
+        with self._save_errors(self.last_saved):
+            self.manager.wait_until_finished()
 
     def close(self) -> None:
-        self.manager.wait_until_finished()
-        self.manager.close()
+        try:
+            with self._save_errors(self.last_saved):
+                self.manager.wait_until_finished()
+        finally:
+            self.manager.close()
+            if self.created_directory and self.directory.is_dir() and not any(self.directory.iterdir()):
+                self.directory.rmdir()  # nothing was saved: leave the run directory as it was
 
 
 def _abstract(tree):

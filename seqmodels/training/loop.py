@@ -1,7 +1,9 @@
 """The training loop: validate -> mesh -> sharded state -> (resume) -> steps -> checkpoints and metrics.
 
-Everything that can be wrong with the input (config, data source, vocabulary, batch layout,
-an existing checkpoint of another architecture) is checked before anything is written.
+Everything that can be wrong with the input (config, data source, vocabulary, batch layout, a run
+directory owned by another run, an existing checkpoint of another architecture or other settings)
+is checked before anything is written; a resume restores the newest complete checkpoint
+(``seqmodels.training.resume``) before the first write.
 Metrics of step s are read back after step s + 1 is dispatched, so the host never stalls the
 device except at checkpoints, where the step's loss is checked before its state is saved: a
 checkpoint never holds a state reached through a non-finite loss.
@@ -9,8 +11,8 @@ checkpoint never holds a state reached through a non-finite loss.
 
 from __future__ import annotations
 
+import contextlib
 import math
-import signal
 import time
 from pathlib import Path
 
@@ -27,8 +29,12 @@ from seqmodels.optim.build import build_optimizer
 from seqmodels.sharding import logical_spec, make_mesh, param_logical_axes
 from seqmodels.training.batches import data_shard, global_batch
 from seqmodels.training.checkpoint import Checkpointer, CheckpointError
+from seqmodels.training.guard import CollapseGuard
 from seqmodels.training.flops import mfu, peak_flops_per_device
 from seqmodels.training.metrics import MetricsLogger
+from seqmodels.training.resume import check_allow_changes, check_setting_changes, choose_step
+from seqmodels.training.run_dir import RunDirLock
+from seqmodels.training.stop import StopFlag
 from seqmodels.training.state import abstract_model, count_params, init_train_state
 from seqmodels.training.step import make_train_step
 
@@ -37,24 +43,10 @@ class TrainingDiverged(RuntimeError):
     """The loss or gradient norm became NaN or infinite."""
 
 
-class _StopFlag:
-    """Set by SIGTERM / SIGINT; the loop checkpoints and stops at the next step boundary."""
-
-    def __init__(self):
-        self.signal_name = None
-        self._previous = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
-
-    def _handle(self, signum, frame):
-        self.signal_name = signal.Signals(signum).name
-
-    def restore(self):
-        for s, handler in self._previous.items():
-            signal.signal(s, handler)
-
-
 def validate(config: Config, mesh) -> None:
     """Checks that need more than one config section; raise ``ConfigError``."""
     check_mixer_names(config.model.mixers)
+    check_allow_changes(config.checkpoint.allow_changes)
     vocab = required_vocab_size(config.data)
     if config.model.vocab_size < vocab:
         raise ConfigError(f"model.vocab_size={config.model.vocab_size} is smaller than the vocabulary of "
@@ -66,39 +58,98 @@ def validate(config: Config, mesh) -> None:
                           f"= {rows} rows per micro-batch must be divisible by mesh data x fsdp = {data_parallel}")
 
 
-def _open_checkpoints(config: Config) -> tuple[Checkpointer | None, int | None]:
-    """The run's checkpointer and latest step if checkpoints exist (after checking they fit the model)."""
+def _open_checkpoints(config: Config) -> tuple[Checkpointer | None, tuple | None, dict[int, str]]:
+    """The run's checkpointer, the ``(step, saved config)`` to resume from (None: start afresh) and the
+    newer steps found incomplete; the chosen step is checked to fit the model and the settings."""
+    incomplete: dict[int, str] = {}
     if not (Path(config.train.run_dir) / "checkpoints").is_dir():
-        return None, None
+        return None, None, incomplete
     checkpointer = Checkpointer(config.train.run_dir, config.checkpoint)
-    latest = checkpointer.latest_step()
-    if latest is None:
-        return checkpointer, None
+    try:
+        return checkpointer, *_resume_choice(checkpointer, config, incomplete)
+    except BaseException:
+        checkpointer.close()
+        raise
+
+
+def _resume_choice(checkpointer: Checkpointer, config: Config, incomplete: dict[int, str]):
+    if checkpointer.latest_step() is None:
+        return None, incomplete
     if not config.checkpoint.resume:
-        raise CheckpointError(f"{config.train.run_dir} already holds checkpoints (latest step {latest}) and "
-                              "checkpoint.resume=false; choose a new train.run_dir or set checkpoint.resume=true")
-    checkpointer.check_architecture(latest, to_dict(config)["model"])
-    checkpointer.check_process_count(latest)
-    return checkpointer, latest
+        raise CheckpointError(f"{config.train.run_dir} already holds checkpoints (latest step "
+                              f"{checkpointer.latest_step()}) and checkpoint.resume=false; choose a new "
+                              "train.run_dir or set checkpoint.resume=true")
+    choice = choose_step(checkpointer, config, incomplete, process_count=jax.process_count())
+    if choice is None:
+        raise CheckpointError(
+            f"no complete checkpoint in {checkpointer.directory}: "
+            + "; ".join(f"step {step}: {problems}" for step, problems in sorted(incomplete.items()))
+            + ". Nothing was changed; move the damaged steps away to train from scratch, or use another train.run_dir")
+    check_setting_changes(choice[1], config, choice[0], str(checkpointer.directory))
+    return choice, incomplete
 
 
-def train(config: Config) -> dict:
-    """Run (or resume) training as configured; returns a summary with the first and last losses."""
-    mesh = make_mesh(config.mesh)
-    validate(config, mesh)
-    batch_sharding = NamedSharding(mesh, logical_spec(("batch", None)))
-    shard, shards = data_shard(batch_sharding, config.train.batch_size)  # processes holding the same rows share one
-    dataset = make_train_dataset(config.data, batch_size=config.train.batch_size // shards, process_index=shard,
-                                 process_count=shards)
-    iterator = iter(dataset)
-    checkpointer, latest = _open_checkpoints(config)
-    run_dir = Path(config.train.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if jax.process_index() == 0:
-        save_config(config, run_dir / "config.yaml")
-    checkpointer = checkpointer or Checkpointer(run_dir, config.checkpoint)
-    with jax.set_mesh(mesh):
-        return _run(config, mesh, iterator, checkpointer, latest, batch_sharding)
+def _restore_newest_complete(config: Config, checkpointer: Checkpointer, choice, incomplete: dict[int, str],
+                             state: dict, iterator) -> tuple[dict, int, list[str]]:
+    """Restore the chosen step, falling back step by step past any whose arrays cannot be read.
+
+    Returns ``(state, step, notes)``. Incomplete steps are renamed aside only after a restore
+    succeeded; when none succeeds, nothing is renamed and ``CheckpointError`` lists every problem.
+    """
+    while choice is not None:
+        step, saved = choice
+        try:
+            restored = checkpointer.restore(step, state, iterator)
+        except Exception as error:  # noqa: BLE001  (any failure to read a step makes it incomplete)
+            first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+            incomplete[step] = f"its arrays cannot be read: {first_line[:200]}"
+            choice = choose_step(checkpointer, config, incomplete, process_count=jax.process_count())
+            continue
+        notes = check_setting_changes(saved, config, step, str(checkpointer.directory))
+        checkpointer.set_aside(incomplete, print)
+        return restored, step, notes
+    raise CheckpointError(
+        f"no checkpoint in {checkpointer.directory} could be restored: "
+        + "; ".join(f"step {step}: {problems}" for step, problems in sorted(incomplete.items()))
+        + ". Nothing was changed; move the damaged steps away to train from scratch, or use another train.run_dir")
+
+
+def _make_mesh(config: Config):
+    try:
+        return make_mesh(config.mesh)
+    except ValueError as error:
+        raise ConfigError(f"{error}; set mesh.data, mesh.fsdp and mesh.tensor to multiply to the device count "
+                          f"({jax.device_count()}), or one of them to -1") from None
+
+
+def train(config: Config, stop: StopFlag | None = None) -> dict:
+    """Run (or resume) training as configured; returns a summary with the first and last losses.
+
+    Holds ``run_dir/run.lock`` throughout (``RunDirError`` if another live run holds it). Nothing in
+    the run directory is written before the checkpoint to resume from (if any) has been restored.
+    ``summary["interrupted_by"]`` names the signal that stopped the run early, else None.
+    """
+    stop = stop or StopFlag()
+    try:
+        mesh = _make_mesh(config)
+        validate(config, mesh)
+        batch_sharding = NamedSharding(mesh, logical_spec(("batch", None)))
+        # processes holding the same rows share one data shard
+        shard, shards = data_shard(batch_sharding, config.train.batch_size)
+        dataset = make_train_dataset(config.data, batch_size=config.train.batch_size // shards, process_index=shard,
+                                     process_count=shards)
+        iterator = iter(dataset)
+        # One lock per run, held by process 0: the processes of one multi-process run share the directory.
+        with RunDirLock(config.train.run_dir) if jax.process_index() == 0 else contextlib.nullcontext():
+            checkpointer, choice, incomplete = _open_checkpoints(config)
+            checkpointer = checkpointer or Checkpointer(config.train.run_dir, config.checkpoint)
+            try:
+                with jax.set_mesh(mesh):
+                    return _run(config, mesh, iterator, checkpointer, choice, incomplete, stop, batch_sharding)
+            finally:
+                checkpointer.close()
+    finally:
+        stop.restore()
 
 
 class _StepRecorder:
@@ -113,16 +164,31 @@ class _StepRecorder:
         self.peak = peak_flops_per_device(config.log.peak_flops_per_device, config.model.compute_dtype)
         self.num_devices = num_devices
         self.losses: dict[int, float] = {}
+        self.guard = CollapseGuard(config.train.guard_steps, config.train.guard_sigma)
         self.clock = (time.perf_counter(), start)
+
+    def _kept(self) -> str:
+        return f"step {self.last_saved} in {self.checkpoint_dir}" if self.last_saved else "none was saved yet"
+
+    def _remedies(self) -> str:
+        clip = self.config.optim.grad_clip
+        clipping = (f"a lower optim.grad_clip (now {clip})" if clip > 0 else "optim.grad_clip > 0 (now off)")
+        return (f"try a lower optim.learning_rate (now {self.config.optim.learning_rate}), a longer "
+                f"optim.warmup_steps (now {self.config.optim.warmup_steps}) or {clipping}")
 
     def record(self, step: int, metrics) -> None:
         values = {k: float(v) for k, v in jax.device_get(metrics).items()}
         if not (math.isfinite(values["loss"]) and math.isfinite(values["grad_norm"])):
-            kept = f"step {self.last_saved} in {self.checkpoint_dir}" if self.last_saved else "none was saved yet"
             raise TrainingDiverged(
                 f"loss={values['loss']} grad_norm={values['grad_norm']} at step {step}: training diverged and "
-                f"stopped. The last good checkpoint is kept ({kept}); try a lower optim.learning_rate, "
-                "a longer optim.warmup_steps or optim.grad_clip > 0.")
+                f"stopped. The last good checkpoint is kept ({self._kept()}); {self._remedies()}.")
+        self.guard.observe(step, values["loss"], values["grad_norm"])
+        if self.guard.tripped:
+            raise TrainingDiverged(
+                f"collapse guard (train.guard_steps={self.config.train.guard_steps}, train.guard_sigma="
+                f"{self.config.train.guard_sigma}): {len(self.guard.streak)} anomalous steps in a row "
+                f"({'; '.join(self.guard.streak)}), none of them saved; training diverged and stopped. The last good "
+                f"checkpoint is kept ({self._kept()}); {self._remedies()}.")
         self.losses[step] = values["loss"]
         if step % self.config.log.every_steps and step != self.last_step:
             return
@@ -136,51 +202,78 @@ class _StepRecorder:
         self.logger.advance(step, values["loss"], tokens_per_second)
 
 
-def _run(config: Config, mesh, iterator, checkpointer: Checkpointer, latest: int | None, batch_sharding) -> dict:
+def _run(config: Config, mesh, iterator, checkpointer: Checkpointer, choice, incomplete: dict[int, str],
+         stop: StopFlag, batch_sharding) -> dict:
     _, abstract_state = abstract_model(config.model, config.train.seed)
     optimizer, schedule = build_optimizer(
         config.optim, config.train.steps, param_axes=param_logical_axes(abstract_state),
         param_shapes=jax.tree.map(lambda x: tuple(x.shape), nnx.to_pure_dict(abstract_state)))
     graphdef, state, shardings = init_train_state(config.model, config.train.seed, mesh, optimizer)
-    if latest is not None:
-        state = checkpointer.restore(latest, state, iterator)
+    start, notes = 0, []
+    if choice is not None:
+        state, start, notes = _restore_newest_complete(config, checkpointer, choice, incomplete, state, iterator)
     elif config.model.init_from:
         from seqmodels.hf.init_from import init_params
         state = {**state, "params": init_params(config.model, shardings["params"])}
-    start, last_step = latest or 0, config.train.exit_at_step or config.train.steps
+    if jax.process_index() == 0:
+        save_config(config, Path(config.train.run_dir) / "config.yaml")  # the first write: the restore succeeded
+    last_step = config.train.exit_at_step or config.train.steps
     step_fn = jax.jit(make_train_step(graphdef, optimizer, schedule, grad_accum=config.train.grad_accum),
                       in_shardings=(shardings, batch_sharding), out_shardings=(shardings, None),
                       donate_argnums=0)
     logger = MetricsLogger(config.train.run_dir, config.log, total_steps=config.train.steps, start_step=start,
                            primary=jax.process_index() == 0)
+    for note in notes:
+        logger.message(note)
     logger.message(
         f"model: {count_params(state['params']):,} parameters, mixers {list(config.model.mixers)}; "
         f"{describe_source(config.data)}; mesh {dict(mesh.shape)}; "
-        f"{'resuming from step ' + str(start) if latest else 'starting'} towards step {last_step}")
+        f"{'resuming from step ' + str(start) if start else 'starting'} towards step {last_step}")
     recorder = _StepRecorder(config, logger, start=start, last_step=last_step, num_devices=mesh.size,
                              checkpoint_dir=checkpointer.directory)
-    config_dict, stop, pending = to_dict(config), _StopFlag(), None
     try:
-        for step in range(start + 1, last_step + 1):
-            state, metrics = step_fn(state, global_batch(next(iterator), batch_sharding, config.train.batch_size))
-            if pending is not None:
-                recorder.record(*pending)  # the previous step's metrics, read while this one runs
-            pending = (step, metrics)
-            if step % config.checkpoint.every_steps == 0 or step == last_step or stop.signal_name:
-                recorder.record(*pending)
-                pending = None
-                checkpointer.save(step, state, iterator, config_dict)
-                recorder.last_saved = step
-            if stop.signal_name:
-                logger.message(f"{stop.signal_name} received: checkpoint saved at step {step}; "
-                               "run the same command again to resume.")
-                break
+        _steps(config, state, step_fn, iterator, batch_sharding, checkpointer, recorder, stop,
+               range(start + 1, last_step + 1))
     finally:
-        stop.restore()
-        checkpointer.close()
         logger.close()
     losses = recorder.losses
     steps = sorted(losses)
     return {"start_step": start, "end_step": steps[-1] if steps else start, "losses": losses,
             "first_loss": losses[steps[0]] if steps else None, "last_loss": losses[steps[-1]] if steps else None,
-            "interrupted_by": stop.signal_name}
+            "interrupted_by": stop.signal_name, "last_saved": recorder.last_saved}
+
+
+def _steps(config: Config, state, step_fn, iterator, batch_sharding, checkpointer: Checkpointer,
+           recorder: _StepRecorder, stop: StopFlag, steps: range) -> None:
+    """The steps; a checkpoint every ``checkpoint.every_steps``, at the end and on a signal, deferred while
+    the collapse guard finds the latest step anomalous (so a suspect state never rotates good ones out)."""
+    logger, config_dict, pending, owed = recorder.logger, to_dict(config), None, False
+    if stop.signal_name:
+        logger.message(f"{stop.signal_name} received before the first step: nothing was saved; run the same "
+                       "command again to start.")
+        return
+    for step in steps:
+        state, metrics = step_fn(state, global_batch(next(iterator), batch_sharding, config.train.batch_size))
+        if pending is not None:
+            recorder.record(*pending)  # the previous step's metrics, read while this one runs
+        pending = (step, metrics)
+        if owed or step % config.checkpoint.every_steps == 0 or step == steps[-1] or stop.signal_name:
+            recorder.record(*pending)
+            pending = None
+            owed = recorder.guard.suspicious
+            if owed:
+                logger.message(f"checkpoint at step {step} deferred: {recorder.guard.streak[-1]}")
+            else:
+                checkpointer.save(step, state, iterator, config_dict)
+                recorder.last_saved = step
+        if stop.signal_name:
+            saved = (f"checkpoint saved at step {step}" if recorder.last_saved == step else
+                     f"step {step} is anomalous and was not saved; the last checkpoint is step {recorder.last_saved}")
+            logger.message(f"{stop.signal_name} received: {saved}; run the same command again to resume.")
+            break
+    if pending is not None:
+        recorder.record(*pending)
+    if owed:
+        logger.message(f"the last step is anomalous and was not saved; the last checkpoint is step "
+                       f"{recorder.last_saved}")
+    checkpointer.wait()

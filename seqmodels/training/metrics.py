@@ -9,8 +9,40 @@ from pathlib import Path
 from seqmodels.config import LogConfig
 
 
+def drop_rows_after(path, step: int) -> int:
+    """Remove the rows of ``path`` (a metrics JSONL) logged after ``step``; returns how many went.
+
+    A run killed after its last checkpoint logged steps that the resumed run computes again; dropping
+    them keeps one row per step. The file is replaced atomically (a torn last line is dropped too).
+    """
+    path = Path(path)
+    if not path.is_file():
+        return 0
+    kept, dropped = [], 0
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            dropped += 1
+            continue
+        if isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] <= step:
+            kept.append(line)
+        else:
+            dropped += 1
+    if dropped:
+        temporary = path.with_name(path.name + ".tmp")
+        temporary.write_text("".join(line + "\n" for line in kept))
+        temporary.replace(path)
+    return dropped
+
+
 class MetricsLogger:
     """``log(step, metrics)`` writes every sink; the progress bar shows loss and tokens/s.
+
+
+    Rows of steps after ``start_step`` left by an interrupted run are dropped from ``metrics.jsonl``,
+    and TensorBoard is told to discard its events from step ``start_step + 1`` on (``purge_step``), so
+    both read as one curve after a resume.
 
     In a run of several processes only process 0 (``primary``) writes metrics, TensorBoard events,
     the progress bar and messages; the others log nothing (the metrics are global values, the same
@@ -20,11 +52,13 @@ class MetricsLogger:
     def __init__(self, run_dir, config: LogConfig, *, total_steps: int, start_step: int, primary: bool = True):
         run_dir = Path(run_dir)
         self.primary = primary
+        if primary:
+            drop_rows_after(run_dir / "metrics.jsonl", start_step)
         self.jsonl = open(run_dir / "metrics.jsonl", "a") if primary else None
         self.writer = None
         if config.tensorboard and primary:
             from tensorboardX import SummaryWriter
-            self.writer = SummaryWriter(str(run_dir / "tb"))
+            self.writer = SummaryWriter(str(run_dir / "tb"), purge_step=start_step + 1)
         show = config.progress == "always" or (config.progress == "auto" and sys.stderr.isatty())
         self.bar = None
         if show and primary:

@@ -51,7 +51,7 @@ def test_polynomial_features_follow_the_documented_layout():
 ])
 def test_bad_atlas_settings_are_rejected_at_config_load_naming_the_field(override, message):
     with pytest.raises(ConfigError, match=message):
-        load_config(None, [override])
+        load_config(None, ["model.mixers=[atlas]", override])  # checked against the model where a layer uses it
 
 
 @pytest.mark.slow

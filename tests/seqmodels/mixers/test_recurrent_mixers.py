@@ -111,7 +111,7 @@ def test_muonssm_with_zero_steps_and_zero_gamma_is_its_backbone(momentum, backbo
 ])
 def test_bad_recurrent_settings_are_rejected_naming_the_field(override, message):
     with pytest.raises(ConfigError, match=message):
-        load_config(None, ["model.d_model=128", override])
+        load_config(None, ["model.d_model=128", "model.mixers=[mamba2, muonssm_gated_deltanet, deltanet]", override])
 
 
 def test_flops_entries_follow_the_documented_formulas():

@@ -1,0 +1,29 @@
+"""Stopping on SIGTERM / SIGINT at a step boundary (imports nothing heavy, so it can be installed first)."""
+
+from __future__ import annotations
+
+import signal
+
+
+class StopFlag:
+    """Set by SIGTERM / SIGINT; the loop checkpoints and stops at the next step boundary.
+
+    Installed as ``train`` starts, so a signal during set-up or the first compile also stops cleanly
+    (before any step, nothing is saved). A second signal restores the previous handlers and re-raises
+    it: Ctrl-C twice stops at once, without saving.
+    """
+
+    def __init__(self):
+        self.signal_name = None
+        self._previous = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def _handle(self, signum, frame):
+        if self.signal_name is not None:
+            self.restore()
+            signal.raise_signal(signum)
+            return
+        self.signal_name = signal.Signals(signum).name
+
+    def restore(self):
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)

@@ -1,0 +1,146 @@
+"""Every user mistake of the fault-injection list: an `error:` paragraph, exit status 2, nothing overwritten."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import eval as eval_entry
+import train as train_entry
+from conftest import tiny_overrides, write_corpus
+from reliability_helpers import ROOT, one_paragraph_error, snapshot, subprocess_env
+from seqmodels.config import ConfigError
+from seqmodels.config_io import load_config
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    root = tmp_path_factory.mktemp("errors")
+    corpus = str(write_corpus(root / "corpus") / "*.txt")
+    run_dir = root / "run"
+    assert train_entry.main(tiny_overrides(run_dir, corpus, train__steps=5)) == 0
+    assert eval_entry.main(["--run", str(run_dir), "--max-batches", "1"]) == 0
+    return run_dir, corpus
+
+
+@pytest.mark.parametrize("override, message", [
+    ("mesh.data=3", "multiply to"),
+    ("mesh.tensor=3", "cannot be split"),
+    ("model.norm_eps=-1", "model.norm_eps: must be > 0"),
+])
+def test_bad_setting_is_refused_before_anything_is_written(tmp_path, tiny_corpus, capsys, override, message):
+    before = snapshot(tmp_path)
+    assert train_entry.main([*tiny_overrides(tmp_path / "run", tiny_corpus), override]) == 2
+    one_paragraph_error(capsys.readouterr().err, message)
+    assert snapshot(tmp_path) == before
+
+
+def test_yaml_scalar_where_a_section_is_expected_is_refused_with_an_override(tmp_path):
+    path = tmp_path / "x.yaml"
+    path.write_text("train: 5\n")
+    with pytest.raises(ConfigError, match="train: the config file gives 5 where a section"):
+        load_config(path, ["train.steps=10"])
+
+
+def test_pure_transformer_is_not_checked_against_unused_mixer_sections():
+    config = load_config(ROOT / "configs" / "transformer.yaml", ["model.d_model=32"])
+    assert config.model.d_model == 32
+    with pytest.raises(ConfigError, match="model.atlas.poly_key_dim"):
+        load_config(None, ["model.d_model=32", "model.num_heads=8", "model.mixers=[atlas]"])
+
+
+def test_help_config_into_a_closed_pipe_exits_quietly():
+    """As ``--help-config | head`` once head has exited: the reader closed the pipe before the write."""
+    process = subprocess.Popen([sys.executable, "train.py", "--help-config"], cwd=ROOT, env=subprocess_env(),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process.stdout.close()
+    err = process.stderr.read()
+    assert process.wait(timeout=60) == 0 and err == ""
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--batch-size", "0"], "--batch-size must be >= 1"),
+    (["--lengths", "8,abc", "--suites", "cfl"], "--lengths '8,abc': expected comma-separated integers"),
+    (["--suites", ""], "names no suite"),
+    (["--suites", "cfl"], "suite 'cfl' needs a run trained on data.source=cfl"),
+])
+def test_eval_mistakes_are_refused_and_leave_eval_json(trained, capsys, args, message):
+    run_dir, _ = trained
+    before = snapshot(run_dir)
+    assert eval_entry.main(["--run", str(run_dir), *args]) == 2
+    one_paragraph_error(capsys.readouterr().err, message)
+    assert snapshot(run_dir) == before
+
+
+def test_perplexity_on_a_looped_classifier_is_refused(tmp_path, capsys):
+    run_dir = tmp_path / "looped"
+    overrides = ["model.kind=looped", "model.d_model=32", "model.num_heads=2", "model.max_seq_len=64",
+                 "data.source=cfl", "data.seq_len=24", "data.cfl.max_length=8", "data.cfl.languages=[dyck1]",
+                 "train.steps=2", "train.batch_size=8", f"train.run_dir={run_dir}", "log.progress=never",
+                 "checkpoint.async_save=false"]
+    assert train_entry.main(overrides) == 0
+    capsys.readouterr()
+    assert eval_entry.main(["--run", str(run_dir)]) == 2
+    one_paragraph_error(capsys.readouterr().err, "suite 'perplexity' needs a language model")
+    assert not (run_dir / "eval.json").exists()
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """A 2 MB tmpfs (as root), unmounted afterwards; skipped with the reason where mounting is refused."""
+    mount_point = tmp_path / "tmpfs"
+    mount_point.mkdir()
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount_point)],
+                            capture_output=True, text=True)
+    if result.returncode:
+        pytest.skip(f"cannot mount a tmpfs (needs root in a sandbox that allows it): {result.stderr.strip()}")
+    yield mount_point
+    subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def _remount_read_only(mount_point):
+    subprocess.run(["mount", "-o", "remount,ro", str(mount_point)], check=True)
+
+
+def test_read_only_run_directory_is_refused_for_training_and_evaluates_elsewhere(trained, tmpfs, tmp_path, capsys):
+    run_dir, corpus = trained
+    copy = tmpfs / "run"
+    shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns("tb"))
+    _remount_read_only(tmpfs)
+    assert train_entry.main(tiny_overrides(copy, corpus, train__steps=10,
+                                           checkpoint__allow_changes="[train.steps]")) == 2
+    one_paragraph_error(capsys.readouterr().err, "Read-only file system", "choose another train.run_dir")
+    out = tmp_path / "elsewhere" / "results.json"
+    assert eval_entry.main(["--run", str(copy), "--max-batches", "1", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["step"] == 5
+    assert (out.parent / "results_loss_by_position.png").stat().st_size > 1000
+
+
+def test_full_disk_during_a_save_keeps_the_previous_checkpoint(trained, tmpfs, capsys):
+    run_dir, corpus = trained
+    copy = tmpfs / "run"
+    shutil.copytree(run_dir / "checkpoints", copy / "checkpoints")
+    shutil.copy(run_dir / "metrics.jsonl", copy / "metrics.jsonl")
+    filler = tmpfs / "filler"
+    with open(filler, "wb") as handle:  # fill the disk, then free room for the logs but not a checkpoint
+        try:
+            while True:
+                handle.write(b"\0" * 65536)
+                handle.flush()
+        except OSError:
+            pass
+    overrides = tiny_overrides(copy, corpus, train__steps=10, checkpoint__allow_changes="[train.steps]",
+                               log__tensorboard=False)
+    before = snapshot(copy)
+    assert train_entry.main(overrides) == 2  # a run directory on a full disk: refused at its lock file
+    one_paragraph_error(capsys.readouterr().err, "the disk is full")
+    assert snapshot(copy) == before
+    with open(filler, "r+b") as handle:
+        handle.truncate(max(filler.stat().st_size - 96 * 1024, 0))
+    assert train_entry.main(overrides) == 2
+    one_paragraph_error(capsys.readouterr().err, "writing the checkpoint at step 10", "the checkpoint at step 5 is kept")
+    filler.unlink()
+    assert train_entry.main(overrides) == 0  # with space again, it resumes from step 5
+    assert sorted(int(p.name) for p in (copy / "checkpoints").iterdir() if p.name.isdigit()) == [5, 10]

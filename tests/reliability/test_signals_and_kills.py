@@ -1,0 +1,101 @@
+"""Preemption: SIGTERM / SIGINT save and exit with status 3; kill -9 at random moments of async saves resumes bitwise."""
+
+import random
+import signal
+import time
+
+import pytest
+
+from conftest import tiny_overrides, write_corpus
+from reliability_helpers import (assert_same_params, final_params, logged_losses, logged_steps, run_script,
+                                 start_train)
+
+EXIT_PREEMPTED = 3
+
+
+def _wait_for_line(process, fragment: str, timeout: float = 120.0) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if fragment in line:
+            return line
+        if not line and process.poll() is not None:
+            break
+    raise AssertionError(f"{fragment!r} never printed; stderr: {process.stderr.read()[-2000:]}")
+
+
+def _rows(run_dir) -> list[str]:
+    try:
+        return (run_dir / "metrics.jsonl").read_text().splitlines()
+    except FileNotFoundError:
+        return []
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return str(write_corpus(tmp_path_factory.mktemp("signals") / "corpus") / "*.txt")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_signal_during_first_compile_saves_step_one_and_exits_preempted(tmp_path, corpus, signum):
+    run_dir = tmp_path / "run"
+    process = start_train(tiny_overrides(run_dir, corpus, train__steps=200, checkpoint__every_steps=100))
+    _wait_for_line(process, "starting towards step 200")  # printed just before the first step compiles
+    process.send_signal(signum)
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == EXIT_PREEMPTED, err[-2000:]
+    assert "Traceback" not in err and f"stopped by {signum.name}" in err
+    if "before the first step: nothing was saved" in out:  # the signal beat the first step's dispatch
+        assert not (run_dir / "checkpoints").exists()  # no empty checkpoints/ left behind
+        assert logged_steps(run_dir) == []
+        return
+    saved = sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir())
+    assert len(saved) == 1 and 1 <= saved[0] < 200 and f"checkpoint saved at step {saved[0]}" in out
+    assert logged_steps(run_dir) == list(range(1, saved[0] + 1))
+
+
+@pytest.mark.slow
+def test_kill_9_at_random_moments_of_async_saves_resumes_bitwise(tmp_path, corpus):
+    """Three seeds pick a moment (after 3..27 logged steps, plus 0-50 ms); each killed run resumes bitwise."""
+    steps = 30
+    straight = tmp_path / "straight"
+    result = run_script("train.py", *tiny_overrides(straight, corpus, train__steps=steps, checkpoint__every_steps=3,
+                                                    checkpoint__async_save=True))
+    assert result.returncode == 0, result.stderr[-2000:]
+    for seed in range(3):
+        run_dir = tmp_path / f"killed_{seed}"
+        overrides = tiny_overrides(run_dir, corpus, train__steps=steps, checkpoint__every_steps=3,
+                                   checkpoint__async_save=True)
+        rng = random.Random(seed)
+        kill_after_rows = rng.randint(3, steps - 3)
+        process = start_train(overrides)
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and len(_rows(run_dir)) < kill_after_rows and process.poll() is None:
+            time.sleep(0.002)
+        time.sleep(rng.uniform(0.0, 0.05))  # somewhere in or between the asynchronous saves (every 3 steps)
+        process.kill()
+        process.wait()
+        assert process.returncode == -9, "the run ended before it was killed"
+        resumed = run_script("train.py", *overrides)
+        assert resumed.returncode == 0, resumed.stderr[-2000:]
+        assert logged_steps(run_dir) == list(range(1, steps + 1))  # one row per step, none twice
+        assert logged_losses(run_dir) == logged_losses(straight)
+        step, params = final_params(run_dir)
+        assert step == steps
+        assert_same_params(params, final_params(straight)[1])
+
+
+@pytest.mark.slow
+def test_second_sigint_stops_at_once_with_status_130(tmp_path, corpus):
+    run_dir = tmp_path / "run"
+    process = start_train(tiny_overrides(run_dir, corpus, train__steps=100000, checkpoint__every_steps=100000))
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and len(_rows(run_dir)) < 2:
+        time.sleep(0.01)
+    process.send_signal(signal.SIGINT)
+    time.sleep(0.02)  # let the first be handled (it sets the stop flag), the second arrives during the save
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 130, err[-2000:]
+    assert err.strip().splitlines()[-1].startswith("error: interrupted twice") and "Traceback" not in err
