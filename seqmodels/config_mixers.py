@@ -61,8 +61,14 @@ class Mamba2Config:
     chunk_size: int = describe("tokens per chunk of the chunked training form (power of two >= 16)", 64)
     dt_min: float = describe("smallest initial step size Delta (log-uniform initialisation)", 1e-3)
     dt_max: float = describe("largest initial step size Delta", 1e-1)
+    gated_norm: Literal["after_gate", "per_head_before_gate"] = describe(
+        "output norm: after_gate (the reference Mamba2, norm_before_gate=False with one group: "
+        "RMSNorm(y * SiLU(z)) over all H * P channels, one [H * P] scale) | per_head_before_gate "
+        "(RMSNorm(y) * SiLU(z) per head with one shared [P] scale, as Gated DeltaNet; the rule of "
+        "checkpoints saved before the reference became the default)", "after_gate")
 
     def __post_init__(self):
+        _require_choices(self, "model.mamba2")
         _require_at_least(self, "model.mamba2", state_dim=1, expand=1, conv_kernel=1, head_dim=0)
         _require(_is_chunk_size(self.chunk_size), "model.mamba2.chunk_size",
                  f"must be a power of two >= 16, got {self.chunk_size}")
