@@ -100,6 +100,10 @@ class MuonSSMConfig:
     ns_steps: int = describe("k: Newton-Schulz steps on each injection U_t; 0 = U_t unchanged", 1)
     ns_coefficients: NsCoefficients = describe("Newton-Schulz polynomial schedule", "muon")
     ns_eps: float = describe("epsilon of the Newton-Schulz input normalisation U / (||U||_F + eps)", 1e-7)
+    ns_scope: Literal["all", "head"] = describe(
+        "the matrix Newton-Schulz conditions per token: all (the MuonSSM code: one injection over every channel, "
+        "[D, N] with the key shared by all heads in mamba2 / longhorn, block-diagonal over heads in "
+        "gated_deltanet) | head (each head's [N, P] block on its own)", "all")
 
     def __post_init__(self):
         _require_choices(self, "model.muonssm")

@@ -158,3 +158,41 @@ def test_mamba2_output_norm_is_the_reference_gate_then_one_group_rms_norm(name):
 def test_unknown_mamba2_gated_norm_is_rejected_naming_the_field():
     with pytest.raises(ConfigError, match=r"model.mamba2.gated_norm: must be after_gate or per_head_before_gate"):
         load_config(None, ["model.d_model=128", "model.mamba2.gated_norm=before"])
+
+
+def _explicit_newton_schulz(matrix, steps):
+    from pallas_kernels.newton_schulz import newton_schulz
+    return newton_schulz(matrix, steps=steps, impl="xla")
+
+
+@pytest.mark.parametrize("steps", [1, 3])
+def test_muonssm_all_scope_conditions_the_all_heads_injection_as_one_matrix(steps):
+    heads, state, head_dim = 2, 3, 4
+    mixer = build_mixer("muonssm_mamba2", config(muonssm=MuonSSMConfig(ns_steps=steps)), nnx.Rngs(0))
+    assert mixer.ns_scope == "all"  # the MuonSSM code's scope is the default
+    key = jax.random.normal(jax.random.key(1), (state,))  # B_t, shared by the heads
+    values = jax.random.normal(jax.random.key(2), (heads, head_dim)) * jnp.array([[1.0], [4.0]])  # Delta x
+    stacked = values.reshape(-1)[:, None] * key[None, :]  # the [H P, N] injection of the MuonSSM code
+    sum_squares = jnp.sum(key**2) * jnp.sum(values**2, -1)
+    scale = mixer.injection_scale(sum_squares[None, None], shared_key=True)[0, 0]
+    np.testing.assert_allclose(jnp.repeat(scale, head_dim)[:, None] * stacked,
+                               _explicit_newton_schulz(stacked, steps), atol=2e-5)
+    # Gated DeltaNet: heads own their keys; the all-heads injection is block-diagonal.
+    keys = jax.random.normal(jax.random.key(3), (heads, state))
+    blocks = [keys[h][:, None] * values[h][None, :] for h in range(heads)]
+    block_diagonal = jax.scipy.linalg.block_diag(*blocks)
+    sums = jnp.sum(keys**2, -1) * jnp.sum(values**2, -1)
+    scales = mixer.injection_scale(sums[None, None], shared_key=False)[0, 0]
+    np.testing.assert_allclose(jax.scipy.linalg.block_diag(*[scales[h] * blocks[h] for h in range(heads)]),
+                               _explicit_newton_schulz(block_diagonal, steps), atol=2e-5)
+
+
+@pytest.mark.parametrize("name", ["muonssm_mamba2", "muonssm_gated_deltanet"])
+def test_muonssm_head_scope_is_the_per_head_rule_and_differs_from_all(name):
+    per_head = build_mixer(name, config(muonssm=MuonSSMConfig(ns_scope="head")), nnx.Rngs(5))
+    every = build_mixer(name, config(), nnx.Rngs(5))
+    sums = jnp.array([[[1.0, 9.0]]])
+    from pallas_kernels.momentum_scan import rank_one_scale
+    np.testing.assert_allclose(per_head.injection_scale(sums, shared_key=True), rank_one_scale(sums, steps=1))
+    x = inputs(seed=12)
+    assert not np.allclose(forward(per_head, x, None), forward(every, x, None), atol=1e-4)
