@@ -137,10 +137,11 @@ class AtlasConfig:
         factory=lambda: (0.0, 0.05))
     gamma_range: tuple[float, ...] = describe("[low, high] of the per-token window weight gamma_t, within [0, 1]",
                                               factory=lambda: (0.0, 1.0))
-    eta_scales: Literal["gradient", "update"] = describe(
-        "where eta_t enters: gradient (S_t = theta S - eta G, M_t = alpha M + NS_k(S_t), the issue's rule) | update "
-        "(S_t = theta S - G, M_t = alpha M + eta NS_k(S_t), Muon's learning rate): with ns_steps > 0 only update "
-        "gives the memory a step size, since NS_k(S_t) has singular values ~1 whatever eta", "gradient")
+    eta_scales: Literal["auto", "gradient", "update"] = describe(
+        "where eta_t enters: update (S_t = theta S - G, M_t = alpha M + eta NS_k(S_t): the Atlas paper's Eq. 32, "
+        "Muon's learning rate) | gradient (S_t = theta S - eta G, M_t = alpha M + NS_k(S_t): Titans' momentum, "
+        "where NS_k, scale-invariant, erases eta once ns_steps > 0) | auto: update when ns_steps > 0, else gradient "
+        "(Titans' rule, the same memory as update for ns_steps = 0 up to where eta_t is applied)", "auto")
     grad_clip: float = describe(
         "tau: each token's inner gradient is scaled to norm <= tau before the window sum (0 = off). Bounds every "
         "memory update, so a chunk whose gradients overshoot (all taken at the chunk start) cannot blow up", 0.0)
@@ -156,6 +157,13 @@ class AtlasConfig:
         _require(self.grad_clip >= 0, "model.atlas.grad_clip", f"must be >= 0 (0 = off), got {self.grad_clip}")
         for name, upper in (("alpha", 1.0), ("theta", 1.0), ("eta", None), ("gamma", 1.0)):
             self._check_range(name, upper)
+
+    @property
+    def eta_rule(self) -> str:
+        """``eta_scales`` resolved: ``auto`` is ``update`` with Newton-Schulz (``ns_steps > 0``), ``gradient`` without."""
+        if self.eta_scales != "auto":
+            return self.eta_scales
+        return "update" if self.ns_steps > 0 else "gradient"
 
     def _check_range(self, name: str, upper: float | None) -> None:
         key, bounds = f"model.atlas.{name}_range", getattr(self, f"{name}_range")
