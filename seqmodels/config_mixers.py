@@ -1,6 +1,6 @@
 """Configuration sections of the mixers and of the looped model: every mixer's section lives here.
 
-``model.attention``, ``model.swa``, ``model.mamba2``, ``model.deltanet``, ``model.muonssm``,
+``model.attention``, ``model.swa``, ``model.mamba2``, ``model.longhorn``, ``model.deltanet``, ``model.muonssm``,
 ``model.atlas`` and ``model.looped``; each validates its values in ``__post_init__`` and raises
 ``ConfigError`` naming the field (a ``Literal[...]`` field by its type). They are sections of
 ``seqmodels.config.ModelConfig`` and are re-exported there.
@@ -74,6 +74,23 @@ class Mamba2Config:
                  f"must be a power of two >= 16, got {self.chunk_size}")
         _require(0 < self.dt_min <= self.dt_max, "model.mamba2.dt_min",
                  f"need 0 < dt_min <= dt_max, got dt_min={self.dt_min}, dt_max={self.dt_max}")
+
+
+@dataclass(frozen=True)
+class LonghornConfig:
+    """The ``longhorn`` mixer (and the backbone of ``muonssm_longhorn``): per-channel online regression."""
+
+    state_dim: int = describe("N: state width per channel (the width of k_t and q_t)", 16)
+    expand: int = describe("channels D = expand * d_model", 2)
+    conv_kernel: int = describe("width of the short causal depthwise convolution over the input u", 4)
+    dt_rank: int = describe("R: rank of the step-size projection; 0 = ceil(d_model / 16)", 0)
+    dt_min: float = describe("smallest initial step size sigmoid(t_bias) (log-uniform initialisation)", 1e-3)
+    dt_max: float = describe("largest initial step size sigmoid(t_bias), < 1", 1e-1)
+
+    def __post_init__(self):
+        _require_at_least(self, "model.longhorn", state_dim=1, expand=1, conv_kernel=1, dt_rank=0)
+        _require(0 < self.dt_min <= self.dt_max < 1, "model.longhorn.dt_min",
+                 f"need 0 < dt_min <= dt_max < 1, got dt_min={self.dt_min}, dt_max={self.dt_max}")
 
 
 @dataclass(frozen=True)
@@ -160,7 +177,7 @@ class AtlasConfig:
 
     @property
     def eta_rule(self) -> str:
-        """``eta_scales`` resolved: ``auto`` is ``update`` with Newton-Schulz (``ns_steps > 0``), ``gradient`` without."""
+        """``eta_scales`` resolved: ``auto`` is ``update`` when ``ns_steps > 0`` (Newton-Schulz), else ``gradient``."""
         if self.eta_scales != "auto":
             return self.eta_scales
         return "update" if self.ns_steps > 0 else "gradient"
