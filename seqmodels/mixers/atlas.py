@@ -46,7 +46,8 @@ FLOPs per token (forward, one layer; 2 per multiply-add), with ``P = sum m n`` o
 matrices (``F D`` linear; ``F E + E D`` deep):
 
     projections  2 d_model (4 H D) + 2 d_model (4 H) + 2 H D d_model        q, k, v, gate; gates; output
-    per head     2 (2 P + [deep] 2 E D)      inner forward/backward at the chunk-start memory and at M_0
+    per head     2 (2 P + [deep] 2 E D) (b + c - 1) / b     inner forward/backward at the chunk-start
+                                             memory and at M_0, of the chunk's and the c - 1 carried tokens
                + 2 (b + c - 1) P             banded window sum of rank-1 gradients
                + k NS(F, D)  or  k 2 NS(F, E)    Newton-Schulz (deep: W1 and padded W2^T)
                + 2 P                         read-out
@@ -199,7 +200,8 @@ def memory_flops_per_token(settings: AtlasSettings) -> float:
     layout = settings.layout
     size = layout.size
     backward = 2 * layout.hidden_dim * layout.value_dim if layout.deep else 0
-    inner = 2 * (2 * size + backward)
+    # Every chunk evaluates its b tokens and the c - 1 carried window tokens at its base memory.
+    inner = 2 * (2 * size + backward) * (settings.chunk_size + settings.window - 1) / settings.chunk_size
     window = 2 * (settings.chunk_size + settings.window - 1) * size
     if layout.deep:
         ns = 2 * newton_schulz_step_flops(layout.feature_dim, layout.hidden_dim)

@@ -80,7 +80,8 @@ def test_atlas_flops_follow_the_documented_formula():
     size = features * hidden + hidden * dim
     projections = 2 * d * 4 * heads * dim + 2 * d * 4 * heads + 2 * heads * dim * d
     ns_step = 4 * features**2 * hidden + 2 * features**3  # F = 48 < E = 64
-    per_head = 2 * (2 * size + 2 * hidden * dim) + 2 * (8 + 3 - 1) * size + 5 * 2 * ns_step + 2 * size
+    inner = 2 * (2 * size + 2 * hidden * dim) * (8 + 3 - 1) / 8  # the chunk's 8 tokens and the 2 carried ones
+    per_head = inner + 2 * (8 + 3 - 1) * size + 5 * 2 * ns_step + 2 * size
     assert mixer_flops_per_token("atlas", config, 128) == projections + heads * per_head
     swa = mixer_flops_per_token("swa", config, 128)
     assert mixer_flops_per_token("atlas_mag", config, 128) == projections + heads * per_head + swa + 2 * d * d
