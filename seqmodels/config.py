@@ -16,7 +16,8 @@ from typing import Literal
 
 from seqmodels.config_base import ConfigError, _require, _require_at_least, _require_choices, describe
 from seqmodels.config_mixers import (  # noqa: F401  (sections of ModelConfig, re-exported here)
-    AtlasConfig, AttentionConfig, DeltaNetConfig, LoopedConfig, Mamba2Config, MuonSSMConfig, SlidingWindowConfig)
+    AtlasConfig, AttentionConfig, DeltaNetConfig, LonghornConfig, LoopedConfig, Mamba2Config, MuonSSMConfig,
+    SlidingWindowConfig)
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ class ModelConfig:
     swa: SlidingWindowConfig = describe("sliding-window attention settings", factory=SlidingWindowConfig)
     atlas: AtlasConfig = describe("Atlas / Titans memory settings", factory=AtlasConfig)
     mamba2: Mamba2Config = describe("Mamba2 (SSD) settings", factory=Mamba2Config)
+    longhorn: LonghornConfig = describe("LongHorn settings (longhorn, muonssm_longhorn)", factory=LonghornConfig)
     deltanet: DeltaNetConfig = describe("DeltaNet / Gated DeltaNet settings", factory=DeltaNetConfig)
     muonssm: MuonSSMConfig = describe("MuonSSM settings (muonssm_* mixers)", factory=MuonSSMConfig)
     kind: Literal["lm", "looped"] = describe(

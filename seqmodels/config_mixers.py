@@ -1,6 +1,6 @@
 """Configuration sections of the mixers and of the looped model: every mixer's section lives here.
 
-``model.attention``, ``model.swa``, ``model.mamba2``, ``model.deltanet``, ``model.muonssm``,
+``model.attention``, ``model.swa``, ``model.mamba2``, ``model.longhorn``, ``model.deltanet``, ``model.muonssm``,
 ``model.atlas`` and ``model.looped``; each validates its values in ``__post_init__`` and raises
 ``ConfigError`` naming the field (a ``Literal[...]`` field by its type). They are sections of
 ``seqmodels.config.ModelConfig`` and are re-exported there.
@@ -65,13 +65,36 @@ class Mamba2Config:
     chunk_size: int = describe("tokens per chunk of the chunked training form (power of two >= 16)", 64)
     dt_min: float = describe("smallest initial step size Delta (log-uniform initialisation)", 1e-3)
     dt_max: float = describe("largest initial step size Delta", 1e-1)
+    gated_norm: Literal["after_gate", "per_head_before_gate"] = describe(
+        "output norm: after_gate (the reference Mamba2, norm_before_gate=False with one group: "
+        "RMSNorm(y * SiLU(z)) over all H * P channels, one [H * P] scale) | per_head_before_gate "
+        "(RMSNorm(y) * SiLU(z) per head with one shared [P] scale, as Gated DeltaNet; the rule of "
+        "checkpoints saved before the reference became the default)", "after_gate")
 
     def __post_init__(self):
+        _require_choices(self, "model.mamba2")
         _require_at_least(self, "model.mamba2", state_dim=1, expand=1, conv_kernel=1, head_dim=0)
         _require(_is_chunk_size(self.chunk_size), "model.mamba2.chunk_size",
                  f"must be a power of two >= 16, got {self.chunk_size}")
         _require(0 < self.dt_min <= self.dt_max, "model.mamba2.dt_min",
                  f"need 0 < dt_min <= dt_max, got dt_min={self.dt_min}, dt_max={self.dt_max}")
+
+
+@dataclass(frozen=True)
+class LonghornConfig:
+    """The ``longhorn`` mixer (and the backbone of ``muonssm_longhorn``): per-channel online regression."""
+
+    state_dim: int = describe("N: state width per channel (the width of k_t and q_t)", 16)
+    expand: int = describe("channels D = expand * d_model", 2)
+    conv_kernel: int = describe("width of the short causal depthwise convolution over the input u", 4)
+    dt_rank: int = describe("R: rank of the step-size projection; 0 = ceil(d_model / 16)", 0)
+    dt_min: float = describe("smallest initial step size sigmoid(t_bias) (log-uniform initialisation)", 1e-3)
+    dt_max: float = describe("largest initial step size sigmoid(t_bias), < 1", 1e-1)
+
+    def __post_init__(self):
+        _require_at_least(self, "model.longhorn", state_dim=1, expand=1, conv_kernel=1, dt_rank=0)
+        _require(0 < self.dt_min <= self.dt_max < 1, "model.longhorn.dt_min",
+                 f"need 0 < dt_min <= dt_max < 1, got dt_min={self.dt_min}, dt_max={self.dt_max}")
 
 
 @dataclass(frozen=True)
@@ -98,6 +121,10 @@ class MuonSSMConfig:
     ns_steps: int = describe("k: Newton-Schulz steps on each injection U_t; 0 = U_t unchanged", 1)
     ns_coefficients: NsCoefficients = describe("Newton-Schulz polynomial schedule", "muon")
     ns_eps: float = describe("epsilon of the Newton-Schulz input normalisation U / (||U||_F + eps)", 1e-7)
+    ns_scope: Literal["all", "head"] = describe(
+        "the matrix Newton-Schulz conditions per token: all (the MuonSSM code: one injection over every channel, "
+        "[D, N] with the key shared by all heads in mamba2 / longhorn, block-diagonal over heads in "
+        "gated_deltanet) | head (each head's [N, P] block on its own)", "all")
 
     def __post_init__(self):
         _require_choices(self, "model.muonssm")
@@ -131,10 +158,11 @@ class AtlasConfig:
         factory=lambda: (0.0, 0.05))
     gamma_range: tuple[float, ...] = describe("[low, high] of the per-token window weight gamma_t, within [0, 1]",
                                               factory=lambda: (0.0, 1.0))
-    eta_scales: Literal["gradient", "update"] = describe(
-        "where eta_t enters: gradient (S_t = theta S - eta G, M_t = alpha M + NS_k(S_t), the issue's rule) | update "
-        "(S_t = theta S - G, M_t = alpha M + eta NS_k(S_t), Muon's learning rate): with ns_steps > 0 only update "
-        "gives the memory a step size, since NS_k(S_t) has singular values ~1 whatever eta", "gradient")
+    eta_scales: Literal["auto", "gradient", "update"] = describe(
+        "where eta_t enters: update (S_t = theta S - G, M_t = alpha M + eta NS_k(S_t): the Atlas paper's Eq. 32, "
+        "Muon's learning rate) | gradient (S_t = theta S - eta G, M_t = alpha M + NS_k(S_t): Titans' momentum, "
+        "where NS_k, scale-invariant, erases eta once ns_steps > 0) | auto: update when ns_steps > 0, else gradient "
+        "(Titans' rule, the same memory as update for ns_steps = 0 up to where eta_t is applied)", "auto")
     grad_clip: float = describe(
         "tau: each token's inner gradient is scaled to norm <= tau before the window sum (0 = off). Bounds every "
         "memory update, so a chunk whose gradients overshoot (all taken at the chunk start) cannot blow up", 0.0)
@@ -150,6 +178,13 @@ class AtlasConfig:
         _require(self.grad_clip >= 0, "model.atlas.grad_clip", f"must be >= 0 (0 = off), got {self.grad_clip}")
         for name, upper in (("alpha", 1.0), ("theta", 1.0), ("eta", None), ("gamma", 1.0)):
             self._check_range(name, upper)
+
+    @property
+    def eta_rule(self) -> str:
+        """``eta_scales`` resolved: ``auto`` is ``update`` when ``ns_steps > 0`` (Newton-Schulz), else ``gradient``."""
+        if self.eta_scales != "auto":
+            return self.eta_scales
+        return "update" if self.ns_steps > 0 else "gradient"
 
     def _check_range(self, name: str, upper: float | None) -> None:
         key, bounds = f"model.atlas.{name}_range", getattr(self, f"{name}_range")

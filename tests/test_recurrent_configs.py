@@ -11,7 +11,8 @@ import train as train_entry
 from seqmodels.config_io import load_config
 from seqmodels.training.state import abstract_model
 
-CONFIGS = ["mamba2", "deltanet", "gated_deltanet", "muonssm_mamba2", "muonssm_gated_deltanet"]
+CONFIGS = ["mamba2", "deltanet", "gated_deltanet", "muonssm_mamba2", "muonssm_gated_deltanet", "longhorn",
+           "muonssm_longhorn"]
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -8,16 +8,18 @@ initial memory, ``l`` the inner loss ``|| M(phi(k)) - v ||^2``):
     valid_t   segment_ids_t != 0                        (padding adds no gradient)
     base(t)   M_{s-1}, s = first token of t's chunk     if t's document started before s
               M_0                                       if it started at or after s
-    g_t     = gamma_t valid_t clip_tau(grad_M l(base(t); k_t, v_t))     clip_tau(g) = g min(1, tau / ||g||)
-    G_t     = sum_{i = max(t - c + 1, first token of t's document)}^{t} g_i       (Omega window)
+    g_i(M)  = gamma_i valid_i clip_tau(grad_M l(M; k_i, v_i))           clip_tau(g) = g min(1, tau / ||g||)
+    G_t     = sum_{i = max(t - c + 1, first token of t's document)}^{t} g_i(base(t))   (Omega window)
     S_t     = theta_t S_{t-1} - eta_t G_t               with S_{t-1} := 0    at a document start
     M_t     = alpha_t M_{t-1} + NS_k(S_t)                with M_{t-1} := M_0  at a document start
               (eta_scales = "update": S_t = theta_t S_{t-1} - G_t and M_t = alpha_t M_{t-1} + eta_t NS_k(S_t))
     y_t     = M_t(phi(q_t))
 
-So every token's gradient is taken at the memory of the start of its chunk (the window reaches
-back into earlier chunks, whose gradients were taken at *their* chunk starts), and nothing
-(memory, momentum, window) crosses a document boundary. ``||g||`` is the Frobenius norm over all
+So every window term of token t is evaluated at t's chunk-start memory, the paper's chunk-parallel
+form (all gradients of a chunk at ``M_{t'}``, the memory of the chunk start): the terms of tokens
+that lie in the previous chunk (the window reaching back ``c - 1`` tokens) are re-evaluated at the
+current chunk start, not reused from their own chunk. Nothing (memory, momentum, window) crosses a
+document boundary. ``||g||`` is the Frobenius norm over all
 of the memory's weight matrices; ``tau = grad_clip``, 0 for no clipping. With ``b = 1``,
 ``base(t) = M_{t-1}``: the fully online rule. The chunk grid follows the row, not the document: a
 document that starts mid-row shares its first chunk with the previous document's tail (but not

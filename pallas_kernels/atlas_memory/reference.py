@@ -1,8 +1,9 @@
 """The Atlas memory recurrence token by token: the one-token decoding step, and the oracle.
 
 ``step`` advances one token (decoding); ``reference`` is ``step`` scanned over the row, with the
-gradient by ``jax.grad`` of the loss (not the closed form) and a buffer of the last c full
-gradient matrices: slow and obviously right.
+gradients by ``jax.grad`` of the loss (not the closed form): the state keeps the last c tokens'
+features, values and weights, and every token re-evaluates its whole window's gradients at its own
+base memory (its chunk's start; with chunk size 1 that is ``M_{t-1}``): slow and obviously right.
 """
 
 from __future__ import annotations
@@ -18,12 +19,31 @@ from pallas_kernels.atlas_memory.memory import clip_scale, memory_apply, memory_
 
 
 def init_state(batch: int, initial_memory: tuple, settings: AtlasSettings) -> dict:
-    """The state before the first token: ``M = M_0``, ``S = 0``, an empty gradient window."""
+    """The state before the first token: ``M = M_0``, ``S = 0``, an empty window (all weights 0)."""
     memory = broadcast_memory(initial_memory, batch)
+    heads, features, values = memory[0].shape[1], settings.layout.feature_dim, settings.layout.value_dim
+    window = (batch, settings.window, heads)
     return {"memory": memory, "chunk_memory": memory,
             "momentum": tuple(jnp.zeros_like(w) for w in memory),
-            "gradients": tuple(jnp.zeros((batch, settings.window, *w.shape[1:]), w.dtype) for w in memory),
+            "window_keys": jnp.zeros((*window, features), jnp.float32),
+            "window_values": jnp.zeros((*window, values), jnp.float32),
+            "window_weights": jnp.zeros(window, jnp.float32),
             "position": jnp.zeros((), jnp.int32)}
+
+
+def _push(buffer, new, reset):
+    """Drop the oldest of the window's ``c`` entries, append ``new``; an empty window at a document start."""
+    kept = jnp.where(reset.reshape(-1, *([1] * (buffer.ndim - 1))), 0.0, buffer)[:, 1:]
+    return jnp.concatenate([kept, new[:, None].astype(buffer.dtype)], axis=1)
+
+
+def _window_gradient(base, keys, values, weights, layout, clip):
+    """``G = sum_i w_i clip(grad l(base; k_i, v_i))`` over the window axis 1: one ``[B, H, m, n]`` per matrix."""
+    per_token = tuple(jnp.broadcast_to(w[:, None], (w.shape[0], keys.shape[1], *w.shape[1:])) for w in base)
+    grads = jax.grad(memory_loss)(per_token, keys, values, layout)  # each (b, i, h) slice: its own token
+    norm_sq = sum(jnp.sum(jnp.square(g), axis=(-2, -1)) for g in grads)
+    scale = (weights * clip_scale(norm_sq, clip))[..., None, None]
+    return tuple(jnp.sum(scale * g, axis=1) for g in grads)
 
 
 def step(state: dict, token: tuple, initial_memory: tuple, settings: AtlasSettings, *, impl: str,
@@ -38,20 +58,18 @@ def step(state: dict, token: tuple, initial_memory: tuple, settings: AtlasSettin
     momentum = tuple(jnp.where(reset, 0.0, s) for s in state["momentum"])
     new_chunk = ((state["position"] % settings.chunk_size == 0) | start)[:, None, None, None]
     chunk_memory = tuple(jnp.where(new_chunk, m, old) for m, old in zip(memory, state["chunk_memory"]))
-    grads = jax.grad(memory_loss)(chunk_memory, phi_k, values, layout)  # each (b, h) slice: its own token
-    norm_sq = sum(jnp.sum(jnp.square(g), axis=(-2, -1)) for g in grads)
-    weight = (gamma * valid[:, None] * clip_scale(norm_sq, settings.grad_clip))[..., None, None]
-    gradients = tuple(jnp.concatenate([jnp.where(reset[:, None], 0.0, buf)[:, 1:], (weight * g)[:, None]], axis=1)
-                      for buf, g in zip(state["gradients"], grads))
+    window = {name: _push(state[name], new, start) for name, new in
+              (("window_keys", phi_k), ("window_values", values), ("window_weights", gamma * valid[:, None]))}
+    gradient = _window_gradient(chunk_memory, window["window_keys"], window["window_values"],
+                                window["window_weights"], layout, settings.grad_clip)
     on_update = settings.eta_scales == "update"
     gradient_scale = 1.0 if on_update else eta[..., None, None]
-    momentum = tuple(theta[..., None, None] * s - gradient_scale * jnp.sum(buf, axis=1)
-                     for s, buf in zip(momentum, gradients))
+    momentum = tuple(theta[..., None, None] * s - gradient_scale * g for s, g in zip(momentum, gradient))
     orthogonal = orthogonalize(momentum, layout, steps=settings.ns_steps, coefficients=settings.ns_coefficients,
                                impl=impl, lead_spec=ns_spec, dtype=settings.ns_dtype)
     update_scale = eta[..., None, None] if on_update else 1.0
     memory = tuple(alpha[..., None, None] * m + update_scale * n for m, n in zip(memory, orthogonal))
-    state = {"memory": memory, "chunk_memory": chunk_memory, "momentum": momentum, "gradients": gradients,
+    state = {"memory": memory, "chunk_memory": chunk_memory, "momentum": momentum, **window,
              "position": state["position"] + 1}
     return state, memory_apply(memory, phi_q, layout)
 

@@ -3,10 +3,13 @@
 The rule is in the package docstring (``pallas_kernels.atlas_memory``).
 ``chunked`` (training) runs a ``lax.scan`` over chunks and is parallel inside a chunk:
 
-  1. per-token gradient factors at the carried chunk-start memory and at ``M_0`` (selected per
-     token by whether its document started in this chunk), as rank-1 pairs (left, right);
-  2. ``G`` for the chunk's b tokens by a banded mask over the chunk's tokens and the last
-     ``c - 1`` tokens of the previous chunks (carried): ``G_t = sum_i mask[t, i] left_i (x) right_i``;
+  1. gradient factors, as rank-1 pairs (left, right), of the chunk's b tokens and of the last
+     ``c - 1`` tokens of the previous chunks (their features, values and weights are carried), all
+     at this chunk's base: the carried chunk-start memory, or ``M_0`` for a token whose document
+     started in this chunk (a carried token's document started before it, so its base is the
+     carried memory: its gradient is re-evaluated here, not reused from its own chunk);
+  2. ``G`` for the chunk's b tokens by a banded mask over those ``c - 1 + b`` tokens:
+     ``G_t = sum_i mask[t, i] left_i (x) right_i``;
   3. ``S``: ``pallas_kernels.linear_scan`` over the chunk's per-token matrices
      (``a_t = theta_t``, ``a_t = 0`` at a document start, ``b_t = -eta_t G_t``, or ``-G_t``);
   4. ``NS_k(S_t)``: ONE batched ``newton_schulz`` call over every token's matrices;
@@ -53,10 +56,12 @@ def chunked(inputs: AtlasInputs, initial_memory: tuple, settings: AtlasSettings,
         return jnp.moveaxis(x.reshape(batch, num_chunks, size, *x.shape[2:]), 1, 0)
 
     heads = inputs.phi_k.shape[2]
+    layout = settings.layout
     carry = (pack(broadcast_memory(initial_memory, batch), 2),
-             jnp.zeros((batch, heads, settings.layout.size), jnp.float32),
-             tuple(jnp.zeros((batch, history, heads, m), jnp.float32) for m, _ in settings.layout.shapes),
-             tuple(jnp.zeros((batch, history, heads, n), jnp.float32) for _, n in settings.layout.shapes),
+             jnp.zeros((batch, heads, layout.size), jnp.float32),
+             jnp.zeros((batch, history, heads, layout.feature_dim), jnp.float32),
+             jnp.zeros((batch, history, heads, layout.value_dim), jnp.float32),
+             jnp.zeros((batch, history, heads), jnp.float32),
              jnp.full((batch, history), -1, jnp.int32))
     body = jax.checkpoint(functools.partial(_chunk, initial_memory=initial_memory, settings=settings, impl=impl,
                                             specs=_kernel_specs(partition_spec)))
@@ -65,38 +70,35 @@ def chunked(inputs: AtlasInputs, initial_memory: tuple, settings: AtlasSettings,
     return outputs.reshape(batch, num_chunks * size, *outputs.shape[3:])[:, :length]
 
 
-def _token_gradients(memory, chunk, initial_memory, layout, clip):
-    """Rank-1 gradient factors of the chunk's tokens, clipped and gamma-weighted, at each token's base memory."""
-    phi_k, values, gamma, starts = chunk[0], chunk[1], chunk[6], chunk[7]
-    fresh = (jnp.cumsum(starts, axis=1) > 0)[..., None, None]  # document started inside this chunk
+def _window_gradients(memory, window, initial_memory, layout, clip):
+    """Clipped, weighted rank-1 gradient factors of the window's ``c - 1 + b`` tokens at this chunk's base.
+
+    ``window = (phi_k, values, weights, fresh)`` over the carried and the chunk's tokens; ``fresh``:
+    the token's document started inside this chunk (base ``M_0``; else the carried memory).
+    """
+    phi_k, values, weights, fresh = window
     carried = unpack(memory, layout)  # [B, H, m, n]
-    # Both candidate base memories in one evaluation: [2, B, 1, H, m, n] against phi [B, b, H, F].
+    # Both candidate base memories in one evaluation: [2, B, 1, H, m, n] against phi [B, c-1+b, H, F].
     bases = tuple(jnp.stack([jnp.broadcast_to(m0, w.shape), w])[:, :, None] for m0, w in zip(initial_memory, carried))
     stacked = tuple(jnp.broadcast_to(x, (2, *x.shape)) for x in (phi_k, values))
     factors = gradient_factors(bases, *stacked, layout)
+    fresh = fresh[..., None, None]
     lefts = tuple(jnp.where(fresh, left[0], left[1]) for left, _ in factors)
     rights = tuple(jnp.where(fresh, right[0], right[1]) for _, right in factors)
     # ||left (x) right||_F = ||left|| ||right||: the norm of every token's gradient without forming it.
     norm_sq = sum(jnp.sum(jnp.square(left), -1) * jnp.sum(jnp.square(right), -1) for left, right in zip(lefts, rights))
-    weight = (gamma * clip_scale(norm_sq, clip))[..., None]
-    return tuple(left * weight for left in lefts), rights
+    scale = (weights * clip_scale(norm_sq, clip))[..., None]
+    return tuple(left * scale for left in lefts), rights
 
 
-def _window_sums(lefts, rights, window_carry, document, window):
-    """``G_t`` for the chunk's tokens from the carried ``c - 1`` tokens and the chunk: ``[B, b, H, m, n]`` each."""
-    carried_lefts, carried_rights, carried_document = window_carry
+def _window_sums(lefts, rights, ext_document, document, window):
+    """``G_t`` for the chunk's tokens from the factors of the ``c - 1 + b`` window tokens: ``[B, b, H, m, n]`` each."""
     size = document.shape[1]
-    ext_lefts = tuple(jnp.concatenate(pair, axis=1) for pair in zip(carried_lefts, lefts))
-    ext_rights = tuple(jnp.concatenate(pair, axis=1) for pair in zip(carried_rights, rights))
-    ext_document = jnp.concatenate([carried_document, document], axis=1)
     token = jnp.arange(size)[:, None]
     extended = jnp.arange(size + window - 1)[None, :]  # extended index i is chunk token i - (c - 1)
     band = (extended >= token) & (extended <= token + window - 1)
     mask = (band[None] & (ext_document[:, None, :] == document[:, :, None])).astype(jnp.float32)
-    sums = tuple(jnp.einsum("bti,bihm,bihn->bthmn", mask, left, right) for left, right in zip(ext_lefts, ext_rights))
-    new_carry = (tuple(x[:, size:] for x in ext_lefts), tuple(x[:, size:] for x in ext_rights),
-                 ext_document[:, size:])
-    return sums, new_carry
+    return tuple(jnp.einsum("bti,bihm,bihn->bthmn", mask, left, right) for left, right in zip(lefts, rights))
 
 
 def _kernel_specs(partition_spec):
@@ -116,9 +118,15 @@ def _scan(decay, update, initial, impl, spec):
 def _chunk(carry, chunk, *, initial_memory, settings: AtlasSettings, impl: str, specs):
     memory, momentum, *window_carry = carry
     layout, (scan_spec, ns_spec) = settings.layout, specs
-    _, _, phi_q, alpha, theta, eta, _, starts, document = chunk
-    lefts, rights = _token_gradients(memory, chunk, initial_memory, layout, settings.grad_clip)
-    sums, window_carry = _window_sums(lefts, rights, window_carry, document, settings.window)
+    phi_k, values, phi_q, alpha, theta, eta, gamma, starts, document = chunk
+    fresh = jnp.cumsum(starts, axis=1) > 0  # the token's document started inside this chunk
+    carried_fresh = jnp.zeros(window_carry[-1].shape, bool)  # carried tokens' documents started earlier
+    window = tuple(jnp.concatenate(pair, axis=1) for pair in
+                   zip(window_carry, (phi_k, values, gamma, document)))  # keys, values, weights, document
+    lefts, rights = _window_gradients(memory, (*window[:3], jnp.concatenate([carried_fresh, fresh], axis=1)),
+                                      initial_memory, layout, settings.grad_clip)
+    sums = _window_sums(lefts, rights, window[3], document, settings.window)
+    window_carry = tuple(x[:, x.shape[1] - (settings.window - 1):] for x in window)
     keep = 1.0 - starts.astype(jnp.float32)
     on_update = settings.eta_scales == "update"
     gradient_scale = -1.0 if on_update else -eta[..., None]

@@ -18,16 +18,17 @@ no Pallas kernel yet: ``pallas`` and ``auto`` run the ``xla`` form on every plat
 comes when a profile asks for one). Gradients are JAX autodiff of the chosen form.
 
 ``conditioning.py`` holds the Newton-Schulz closed forms for low-rank injections (``rank_one_scale``,
-``low_rank_newton_schulz``) with which MuonSSM conditions ``k_t v_t^T`` before the momentum.
+``block_rank_one_scale``, ``low_rank_newton_schulz``) with which MuonSSM conditions ``k_t v_t^T`` before the momentum.
 """
 
 from __future__ import annotations
 
 from pallas_kernels import _common
 from pallas_kernels.momentum_scan import reference, xla
-from pallas_kernels.momentum_scan.conditioning import low_rank_newton_schulz, rank_one_scale
+from pallas_kernels.momentum_scan.conditioning import block_rank_one_scale, low_rank_newton_schulz, rank_one_scale
 
-__all__ = ["low_rank_newton_schulz", "momentum_delta_rule", "momentum_scalar_decay", "rank_one_scale"]
+__all__ = ["block_rank_one_scale", "low_rank_newton_schulz", "momentum_delta_rule", "momentum_scalar_decay",
+           "rank_one_scale"]
 
 
 def _check(q, k, values, gates: dict, initial_state, initial_momentum, scale, chunk_size) -> None:

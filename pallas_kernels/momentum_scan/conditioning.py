@@ -14,6 +14,12 @@ the backbone); for k >= 1 the results below equal ``newton_schulz(U, steps=k)``.
 ``r_0 = 1 / (norm_scale ||U||_F + eps)`` and ``r_{j+1} = r_j (a_j + b_j s_j^2 + c_j s_j^4)``: no
 division by ``||U||_F``, finite (with finite gradients) at U = 0.
 
+**Block-diagonal rank 1.** ``U = diag(U_1, ..., U_H)`` with rank-1 blocks of Frobenius norms
+``sigma_h``: ``X_0`` divides every block by the one norm ``||U||_F = sqrt(sum_h sigma_h^2)``, and
+``X X^T X`` stays block-diagonal, so ``NS_k(U) = diag(r_{k,h} U_h)`` where each block's singular value
+``s_{0,h} = sigma_h / (norm_scale ||U||_F + eps)`` goes through the polynomials.
+``block_rank_one_scale`` returns the ``r_{k,h}``; with one block it is ``rank_one_scale``.
+
 **Rank r.** ``U = L R^T`` with ``L [M, r]``, ``R [N, r]``: every iterate stays ``X_j = L C_j R^T``
 with an ``[r, r]`` core. With ``G_L = L^T L``, ``G_R = R^T R`` and ``P_j = C_j G_R C_j^T G_L``::
 
@@ -52,6 +58,28 @@ def rank_one_scale(sum_squares: jax.Array, *, steps: int, coefficients="muon", e
     norm = _safe_sqrt(sum_squares.astype(jnp.float32))
     ratio = 1.0 / (norm_scale * norm + eps)
     singular = norm * ratio
+    for a, b, c in schedule:
+        squared = singular * singular
+        multiplier = a + squared * (b + c * squared)
+        singular, ratio = singular * multiplier, ratio * multiplier
+    return ratio
+
+
+def block_rank_one_scale(sum_squares: jax.Array, *, steps: int, coefficients="muon", eps: float = 1e-7,
+                         axis: int = -1) -> jax.Array:
+    """``r_h`` with ``NS_k(diag(U_h)) = diag(r_h U_h)``; ``sum_squares`` holds ``||U_h||_F^2`` along ``axis``.
+
+    The blocks along ``axis`` form one block-diagonal matrix (module docstring); ``steps = 0`` gives 1.
+    """
+    if steps == 0:
+        return jnp.ones_like(sum_squares, jnp.float32)
+    if not eps > 0:
+        raise ValueError(f"eps must be > 0 for the rank-1 closed form, got {eps!r}")
+    schedule, norm_scale = resolve_coefficients(coefficients, steps)
+    sum_squares = sum_squares.astype(jnp.float32)
+    total = _safe_sqrt(jnp.sum(sum_squares, axis=axis, keepdims=True))
+    ratio = jnp.broadcast_to(1.0 / (norm_scale * total + eps), sum_squares.shape)
+    singular = _safe_sqrt(sum_squares) * ratio
     for a, b, c in schedule:
         squared = singular * singular
         multiplier = a + squared * (b + c * squared)

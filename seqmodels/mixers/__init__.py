@@ -4,4 +4,4 @@ from seqmodels.mixers.registry import (MIXERS, Mixer, build_mixer, check_mixer_n
                                        mixer_flops_per_token, register)
 from seqmodels.mixers import attention  # noqa: F401,E402  (registers attention, swa)
 from seqmodels.mixers import atlas, atlas_hybrids  # noqa: F401,E402  (registers atlas, atlas_mag, atlas_mal)
-from seqmodels.mixers import mamba2, deltanet, muonssm  # noqa: F401,E402  (register the recurrent mixers)
+from seqmodels.mixers import mamba2, deltanet, muonssm, longhorn  # noqa: F401,E402  (register the recurrent mixers)

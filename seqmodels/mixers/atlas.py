@@ -8,9 +8,9 @@ Per head h (head dimension ``D = d_model / H`` for keys, queries and values), fo
     alpha_t, theta_t, eta_t, gamma_t = lo + (hi - lo) sigmoid(w . x_t + bias)     one map per gate
                                                      (bias_alpha starts at 3, the others at 0)
     G_t = sum_{i=t-c+1}^{t} gamma_i clip_tau(grad_M || M(phi(k_i)) - v_i ||^2)     Omega rule, window c
-    S_t = theta_t S_{t-1} - eta_t G_t                                              momentum
-    M_t = alpha_t M_{t-1} + NS_k(S_t)                                              k Newton-Schulz steps
-    (eta_scales = update:  S_t = theta_t S_{t-1} - G_t,  M_t = alpha_t M_{t-1} + eta_t NS_k(S_t))
+    S_t = theta_t S_{t-1} - G_t                                                    momentum
+    M_t = alpha_t M_{t-1} + eta_t NS_k(S_t)                                        k Newton-Schulz steps
+    (eta_scales = gradient:  S_t = theta_t S_{t-1} - eta_t G_t,  M_t = alpha_t M_{t-1} + NS_k(S_t))
     y_t = W_o concat_h( RMSNorm(M_t(phi(q_t))) * silu(W_g x_t) )
 
 ``phi`` is the polynomial feature map of degree p (``feature_map`` below: ``F = D + sum_{i=2..p} R^i``
@@ -27,19 +27,27 @@ Special cases (``model.atlas``): **Titans** is ``window = 1, poly_degree = 1, ns
 (``configs/titans.yaml``); **OmegaNet** is ``ns_steps = 0`` with ``window > 1``.
 
 Notes. q, k, v and the output gate come from one matmul ``[d_model, H, 4, D]``; the depthwise
-conv runs over the q, k, v channels together (the same as one conv each). With ``k > 0`` the
-update ``NS_k(S_t)`` has singular values near 1 whatever the scale of ``S_t``, so under the default
-``eta_scales = gradient`` ``eta_t`` only weighs the new window gradient against the carried momentum:
-every token moves the memory by a unit-scale step, its horizon set by ``alpha_t`` alone. With
-``eta_scales = update`` (how Muon applies its learning rate) ``eta_t`` is the step size again;
-with ``k = 0`` it is the inner learning rate under either placement. The recurrence runs in float32; the
-Newton-Schulz matmuls take ``model.compute_dtype`` operands (bf16 with float32 accumulation).
+conv runs over the q, k, v channels together (the same as one conv each).
+
+Where eta sits (``model.atlas.eta_scales``, default ``auto``). The paper's main text (Eq. 32, Table 1)
+updates ``M_t = alpha_t M_{t-1} - eta_t NS_k(S_t)``: the step size multiplies the orthogonalised
+momentum (``update``, how Muon applies its learning rate); ``auto`` takes it whenever ``k > 0``. With
+``k > 0`` ``NS_k(S_t)`` has singular values near 1 whatever the scale of ``S_t``, so ``gradient``
+(eta on the gradient entering the momentum) leaves ``eta_t`` only weighing the new window gradient
+against the carried momentum: every token writes a unit-scale step whatever its error (on the needle
+task such an Atlas stays at chance, ``experiments/needle/README.md``). With ``k = 0`` ``auto`` is
+``gradient``, Titans' momentum ``S_t = theta_t S_{t-1} - eta_t G_t`` (the data-dependent learning
+rate on the surprise), where eta is the inner learning rate under either placement. The sign: the
+paper writes ``- eta NS_k(S)`` with ``S`` accumulating ``+G``; here ``S`` accumulates ``-G``, the same
+update (NS_k is odd). The recurrence runs in float32; the Newton-Schulz matmuls take
+``model.compute_dtype`` operands (bf16 with float32 accumulation).
 
 FLOPs per token (forward, one layer; 2 per multiply-add), with ``P = sum m n`` over the memory's
 matrices (``F D`` linear; ``F E + E D`` deep):
 
     projections  2 d_model (4 H D) + 2 d_model (4 H) + 2 H D d_model        q, k, v, gate; gates; output
-    per head     2 (2 P + [deep] 2 E D)      inner forward/backward at the chunk-start memory and at M_0
+    per head     2 (2 P + [deep] 2 E D) (b + c - 1) / b     inner forward/backward at the chunk-start
+                                             memory and at M_0, of the chunk's and the c - 1 carried tokens
                + 2 (b + c - 1) P             banded window sum of rank-1 gradients
                + k NS(F, D)  or  k 2 NS(F, E)    Newton-Schulz (deep: W1 and padded W2^T)
                + 2 P                         read-out
@@ -104,8 +112,8 @@ def memory_layout(config: ModelConfig) -> MemoryLayout:
 def atlas_settings(config: ModelConfig) -> AtlasSettings:
     atlas = config.atlas
     return AtlasSettings(memory_layout(config), window=atlas.window, chunk_size=atlas.chunk_size,
-                         ns_steps=atlas.ns_steps, ns_coefficients=atlas.ns_coefficients, ns_dtype=config.compute_dtype, grad_clip=atlas.grad_clip,
-                         eta_scales=atlas.eta_scales)
+                         ns_steps=atlas.ns_steps, ns_coefficients=atlas.ns_coefficients, ns_dtype=config.compute_dtype,
+                         grad_clip=atlas.grad_clip, eta_scales=atlas.eta_rule)
 
 
 def _unit(x: jax.Array) -> jax.Array:
@@ -192,7 +200,8 @@ def memory_flops_per_token(settings: AtlasSettings) -> float:
     layout = settings.layout
     size = layout.size
     backward = 2 * layout.hidden_dim * layout.value_dim if layout.deep else 0
-    inner = 2 * (2 * size + backward)
+    # Every chunk evaluates its b tokens and the c - 1 carried window tokens at its base memory.
+    inner = 2 * (2 * size + backward) * (settings.chunk_size + settings.window - 1) / settings.chunk_size
     window = 2 * (settings.chunk_size + settings.window - 1) * size
     if layout.deep:
         ns = 2 * newton_schulz_step_flops(layout.feature_dim, layout.hidden_dim)

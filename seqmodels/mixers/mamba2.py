@@ -10,7 +10,15 @@ and a state width N (one group: B and C shared by heads)::
     Delta_t  = softplus(dt_t + dt_bias),  A = -exp(A_log)               [H]
     h_t      = exp(Delta_t A) h_{t-1} + B_t (Delta_t x_t)^T             [H, N, P] (one [N, P] state per head)
     y_t      = h_t^T C_t + D x_t                                        [H, P]
-    out_t    = W_out (RMSNorm(y_t) * SiLU(z_t))                         (RMSNorm per head, over P)
+    out_t    = W_out RMSNorm(y_t * SiLU(z_t))                           (over all H P channels, one [H P] scale)
+
+The output norm is the reference Mamba2's (state-spaces/mamba ``Mamba2`` with its defaults:
+``RMSNormGated(norm_before_gate=False)`` with ``ngroups = 1``, so one group of all ``H P`` channels).
+``model.mamba2.gated_norm: per_head_before_gate`` keeps the earlier rule ``RMSNorm(y_t) * SiLU(z_t)``
+per head with a shared ``[P]`` scale (Gated DeltaNet's norm), for checkpoints saved under it; on random
+weights the two differ by most of the output's norm, so they are not interchangeable.
+Departures from the reference: one group of B and C (``ngroups = 1``, the reference default), the norm's
+epsilon is ``model.norm_eps`` (the reference fixes 1e-5), and no learned initial state (its default).
 
 The recurrence is ``pallas_kernels.chunk_gla`` with a scalar decay per head: ``q = C``, ``k = B``,
 ``v = Delta x``, ``log_decay = Delta A``, ``scale = 1`` (``impl = model.kernel_impl``). Training runs
@@ -71,7 +79,9 @@ class Mamba2(nnx.Module):
         self.a_log = constant_param(a_log_init(rngs.params(), heads), ("heads",))
         self.dt_bias = constant_param(dt_bias_init(rngs.params(), heads, settings.dt_min, settings.dt_max), ("heads",))
         self.skip = constant_param(jnp.ones((heads,)), ("heads",))
-        self.norm = RMSNorm(head_dim, eps=config.norm_eps, axis_name="head_dim")
+        self.norm_after_gate = settings.gated_norm == "after_gate"
+        norm_width, norm_axis = (heads * head_dim, "heads") if self.norm_after_gate else (head_dim, "head_dim")
+        self.norm = RMSNorm(norm_width, eps=config.norm_eps, axis_name=norm_axis)
         self.out = DenseOut((heads, head_dim), width, head_axes, "embed", rngs=rngs, std=std)
 
     def _convolve(self, x, b, c, segment_ids, cache):
@@ -97,9 +107,16 @@ class Mamba2(nnx.Module):
         v = (delta[..., None] * ssm_input.astype(jnp.float32)).astype(ssm_input.dtype)
         y, state = self.recurrence(q, k, v, log_decay, segment_ids=segment_ids, cache=cache)
         y = y + self.skip.get_value().astype(y.dtype)[:, None] * ssm_input
-        y = self.norm(y, gate=self.gate(x))
+        y = self.gated_norm(y, self.gate(x))
         new_cache = None if cache is None else {**conv_cache, **state}
         return self.out(y), new_cache
+
+    def gated_norm(self, y, gate):
+        """``[B, T, H, P]``: ``RMSNorm(y * SiLU(gate))`` over all heads, or ``RMSNorm(y) * SiLU(gate)`` per head."""
+        if not self.norm_after_gate:
+            return self.norm(y, gate=gate)
+        gated = y.astype(jnp.float32) * jax.nn.silu(gate.astype(jnp.float32))
+        return self.norm(gated.reshape(*y.shape[:2], -1)).reshape(y.shape).astype(y.dtype)
 
     def recurrence(self, q, k, v, log_decay, *, segment_ids, cache):
         """``(o [B, T, H, P], recurrent cache entries or None)``: the SSD state recurrence."""

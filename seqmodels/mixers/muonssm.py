@@ -15,6 +15,17 @@ closed form of ``pallas_kernels.newton_schulz`` on a rank-1 matrix; one singular
 the k polynomials). So ``W_t = k_t (tau r_k u_t)^T``: the momentum recurrences take rescaled values. The recurrences
 and the closed forms are the op ``pallas_kernels.momentum_scan``.
 
+**Scope** (``model.muonssm.ns_scope``). The MuonSSM code (its LongHorn kernel,
+``selective_scan_online_orth_fn``) runs Newton-Schulz on one injection per token over *all* channels,
+the ``[D, N]`` matrix ``(T_t u_t) k_t^T`` with the key shared by every channel; ``all`` (the default)
+follows it. For ``muonssm_mamba2`` (one group: ``B_t`` shared by the heads) that matrix is
+``[H P, N]`` and still rank 1, ``||U_t||_F^2 = ||B_t||^2 sum_h Delta_{t,h}^2 ||x_{t,h}||^2``, so every
+head takes the same ``r_k``. Gated DeltaNet's heads have their own keys, so its all-heads injection is
+the block-diagonal ``diag(U_{t,1}, ..., U_{t,H})``: one Frobenius normalisation over all heads, then
+each head's singular value through the polynomials (``block_rank_one_scale``), which keeps every
+block rank 1 and the chunked form exact. ``head`` conditions each head's block on its own (the rule
+before the scope was an option); with one head both scopes agree.
+
 - ``muonssm_mamba2``: the Mamba2 mixer (``mamba2.py``: same parameters, projections, conv, gate
   and norm) with ``A_t(S) = exp(Delta_t A) S`` per head, ``k_t = B_t``, ``u_t = Delta_t x_t``,
   ``q_t = C_t``, ``||U_t||_F = ||B_t|| |Delta_t| ||x_t||``. Training runs the chunked second-order
@@ -25,6 +36,12 @@ and the closed forms are the op ``pallas_kernels.momentum_scan``.
   ``||U_t||_F = beta_t ||k_t|| ||v_t||``. Training runs the chunked form of
   ``momentum_delta_rule``: the delta rule's UT transform extended by the momentum input (M does not
   depend on S, so a parallel chunk form exists although the transition is not diagonal).
+
+**The repository's Gated DeltaNet rule.** The MuonSSM repository's Gated DeltaNet code applies
+Newton-Schulz to the full-rank momentum inside the recurrence (``M_t = gamma M_{t-1} + U_t``, then
+``NS_k(M_t)`` enters the state), which is sequential and back-propagated straight-through. Here the
+paper's rule conditions each rank-1 injection before the momentum (``NS_k(U_t)``), which keeps the
+chunk-parallel form and its exact autodiff; the repository's rule is not offered.
 
 Decoding runs the token recurrences (``impl="reference"``) one step per token from a cache holding
 the backbone's conv inputs, ``state`` and ``momentum`` (``[B, H, K, V]`` float32 each); training runs
@@ -44,7 +61,8 @@ import math
 
 import jax.numpy as jnp
 
-from pallas_kernels.momentum_scan import momentum_delta_rule, momentum_scalar_decay, rank_one_scale
+from pallas_kernels.momentum_scan import (block_rank_one_scale, momentum_delta_rule, momentum_scalar_decay,
+                                          rank_one_scale)
 
 from seqmodels.layers.segments import reset_at_document_starts
 from seqmodels.mixers.deltanet import DeltaNet, deltanet_flops
@@ -59,11 +77,21 @@ class _Momentum:
         settings = config.muonssm
         self.gamma, self.tau, self.ns_steps = settings.gamma, settings.tau, settings.ns_steps
         self.ns_coefficients, self.ns_eps = settings.ns_coefficients, settings.ns_eps
+        self.ns_scope = settings.ns_scope
 
-    def injection_scale(self, sum_squares):
-        """``tau r_k(||U||_F)`` per token and head: ``W_t = tau NS_k(U_t) = scale_t U_t``; float32 ``[B, T, H]``."""
-        return self.tau * rank_one_scale(sum_squares, steps=self.ns_steps, coefficients=self.ns_coefficients,
-                                         eps=self.ns_eps)
+    def injection_scale(self, sum_squares, *, shared_key: bool):
+        """``tau r_k`` per token and head from each head's ``||U_{t,h}||_F^2`` (``[B, T, H]``): ``W_t = scale_t U_t``.
+
+        ``ns_scope = all`` conditions the all-heads injection: rank 1 over ``[H P, N]`` when the heads
+        share their key (``shared_key``), block-diagonal otherwise (module docstring).
+        """
+        ns = dict(steps=self.ns_steps, coefficients=self.ns_coefficients, eps=self.ns_eps)
+        if self.ns_scope == "head":
+            return self.tau * rank_one_scale(sum_squares, **ns)
+        if shared_key:
+            total = jnp.sum(sum_squares, axis=-1, keepdims=True)
+            return self.tau * jnp.broadcast_to(rank_one_scale(total, **ns), sum_squares.shape)
+        return self.tau * block_rank_one_scale(sum_squares, axis=-1, **ns)
 
     def log_momentum_decay(self, shape, segment_ids):
         """``log gamma`` per token and head, -30 at document starts: float32 ``[B, T, H]``."""
@@ -96,7 +124,7 @@ class MuonSSMMamba2(_Momentum, Mamba2):
         self._set_momentum(config)
 
     def recurrence(self, q, k, v, log_decay, *, segment_ids, cache):
-        scale = self.injection_scale(_sum_squares(k) * _sum_squares(v))
+        scale = self.injection_scale(_sum_squares(k) * _sum_squares(v), shared_key=True)
         v = (scale[..., None] * v.astype(jnp.float32)).astype(v.dtype)
         if self.gamma == 0:
             return Mamba2.recurrence(self, q, k, v, log_decay, segment_ids=segment_ids, cache=cache)
@@ -116,7 +144,7 @@ class MuonSSMGatedDeltaNet(_Momentum, DeltaNet):
 
     def recurrence(self, q, k, v, beta, log_decay, *, segment_ids, cache):
         sum_squares = jnp.square(beta) * _sum_squares(k) * _sum_squares(v)
-        scale = self.injection_scale(sum_squares)
+        scale = self.injection_scale(sum_squares, shared_key=False)
         if self.gamma == 0:  # W_t = beta_t k_t (scale_t v_t)^T: the kernel's own injection
             v = (scale[..., None] * v.astype(jnp.float32)).astype(v.dtype)
             return DeltaNet.recurrence(self, q, k, v, beta, log_decay, segment_ids=segment_ids, cache=cache)

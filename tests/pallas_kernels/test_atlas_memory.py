@@ -103,8 +103,12 @@ def test_chunked_form_matches_sequential_reference_values_and_gradients(case):
     assert float(np.abs(grads_reference[1][0]).max()) > 0  # gradients reach the initial memory
 
 
-def online_rule(inputs, initial, layout, window, ns_steps):
-    """The fully online Omega rule written out: every gradient at M_{t-1}, per token, per document."""
+def online_rule(inputs, initial, layout, window, ns_steps, reevaluate=True):
+    """The fully online Omega rule written out: every window term at M_{t-1}, per token, per document.
+
+    ``reevaluate=False`` is the earlier rule: each token's gradient taken once, at its own M_{t-1},
+    and reused by the next c - 1 tokens.
+    """
     starts = np.concatenate([[True], SEGMENTS[0, 1:] != SEGMENTS[0, :-1]])
     outputs = []
     for row in range(BATCH):
@@ -114,9 +118,15 @@ def online_rule(inputs, initial, layout, window, ns_steps):
             if t == 0 or (row == 0 and starts[t]):
                 memory, momentum, history = initial, tuple(jnp.zeros_like(w) for w in initial), []
             weight = token[6] * float(SEGMENTS[row, t] != 0) if row == 0 else token[6]
-            grads = jax.grad(memory_loss)(memory, token[0], token[1], layout)
-            history = (history + [tuple(weight[:, None, None] * g for g in grads)])[-window:]
-            total = tuple(sum(parts) for parts in zip(*history))
+            if reevaluate:
+                history = (history + [(token[0], token[1], weight)])[-window:]
+                terms = [tuple(w[:, None, None] * g for g in jax.grad(memory_loss)(memory, k, v, layout))
+                         for k, v, w in history]
+            else:
+                grads = jax.grad(memory_loss)(memory, token[0], token[1], layout)
+                history = (history + [tuple(weight[:, None, None] * g for g in grads)])[-window:]
+                terms = history
+            total = tuple(sum(parts) for parts in zip(*terms))
             momentum = tuple(token[4][:, None, None] * s - token[5][:, None, None] * g for s, g in zip(momentum, total))
             update = momentum if ns_steps == 0 else tuple(newton_schulz(s, steps=ns_steps, impl="reference")
                                                             for s in momentum)
@@ -137,6 +147,9 @@ def test_chunk_size_one_is_the_fully_online_rule():
     # With chunks of 4 the gradients are taken at chunk starts instead: a different rule.
     y_chunks, _ = evaluate(chunked, inputs, initial, settings)
     assert float(jnp.abs(y_chunks - expected).max()) > 100 * tolerance
+    # Reusing each token's own gradient across the window (the earlier rule) is a different rule too.
+    reused = online_rule(inputs, initial, settings.layout, window=3, ns_steps=5, reevaluate=False)
+    assert float(jnp.abs(reused - expected).max()) > 100 * tolerance
 
 
 def test_packed_documents_share_no_state():

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from pallas_kernels import chunk_gla, gated_delta_rule, newton_schulz
-from pallas_kernels.momentum_scan import low_rank_newton_schulz, rank_one_scale
+from pallas_kernels.momentum_scan import block_rank_one_scale, low_rank_newton_schulz, rank_one_scale
 from pallas_kernels import momentum_scan
 
 # Jitted: one compile per function is far cheaper on CPU than running the ops eagerly. The chunked
@@ -91,6 +91,27 @@ def test_rank_one_closed_form_equals_the_newton_schulz_kernel(steps, coefficient
     # Entries of NS(U) are <= ~1.2; float32 rounding of the kernel's 5 quintic steps stays below 1e-5.
     np.testing.assert_allclose(scale[:, None, None] * matrices, kernel, atol=2e-5)
     assert float(jnp.abs(kernel).max()) > 0.1  # the comparison is not between zeros
+
+
+@pytest.mark.parametrize("steps", [1, 5])
+def test_block_rank_one_scale_equals_newton_schulz_on_the_block_diagonal_matrix(steps):
+    heads, rows, cols = 3, 4, 5
+    u = jax.random.normal(jax.random.key(5), (2, heads, rows)) * jnp.array([1.0, 0.1, 5.0])[:, None]
+    v = jax.random.normal(jax.random.key(6), (2, heads, cols))
+    blocks = u[..., :, None] * v[..., None, :]  # [2, H, rows, cols], rank 1 each
+    full = jnp.zeros((2, heads * rows, heads * cols))
+    for h in range(heads):
+        full = full.at[:, h * rows:(h + 1) * rows, h * cols:(h + 1) * cols].set(blocks[:, h])
+    kernel = newton_schulz(full, steps=steps, impl="xla")
+    scale = block_rank_one_scale(jnp.sum(u * u, -1) * jnp.sum(v * v, -1), steps=steps, axis=-1)
+    for h in range(heads):
+        got = scale[:, h, None, None] * blocks[:, h]
+        np.testing.assert_allclose(got, kernel[:, h * rows:(h + 1) * rows, h * cols:(h + 1) * cols], atol=2e-5)
+    # Blocks are normalised together, so a block's scale differs from its own rank_one_scale.
+    alone = rank_one_scale(jnp.sum(u * u, -1) * jnp.sum(v * v, -1), steps=steps)
+    assert not np.allclose(scale, alone, rtol=1e-2)
+    one_block = block_rank_one_scale(jnp.sum(u * u, -1)[:, :1], steps=steps)
+    np.testing.assert_allclose(one_block[:, 0], rank_one_scale(jnp.sum(u * u, -1)[:, 0], steps=steps), rtol=1e-6)
 
 
 def test_rank_one_scale_is_the_identity_for_zero_steps_and_has_finite_gradients_at_zero():

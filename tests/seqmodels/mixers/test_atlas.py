@@ -43,7 +43,7 @@ def test_polynomial_features_follow_the_documented_layout():
     ("model.atlas.alpha_range=[0.9, 0.5]", "model.atlas.alpha_range: is empty: low 0.9 > high 0.5"),
     ("model.atlas.eta_range=[0.2, 0.1]", "model.atlas.eta_range: is empty"),
     ("model.atlas.theta_range=[0.5, 1.5]", r"model.atlas.theta_range: must lie within \[0, 1.0\]"),
-    ("model.atlas.eta_scales=memory", "model.atlas.eta_scales: must be gradient or update, got .memory."),
+    ("model.atlas.eta_scales=memory", "model.atlas.eta_scales: must be auto, gradient or update, got .memory."),
     ("model.atlas.grad_clip=-0.5", r"model.atlas.grad_clip: must be >= 0 \(0 = off\), got -0.5"),
     ("model.atlas.gamma_range=[0.5]", r"model.atlas.gamma_range: must be \[low, high\]"),
     ("model.atlas.poly_key_dim=64", "model.atlas.poly_key_dim: 64 exceeds the head dimension"),
@@ -80,7 +80,8 @@ def test_atlas_flops_follow_the_documented_formula():
     size = features * hidden + hidden * dim
     projections = 2 * d * 4 * heads * dim + 2 * d * 4 * heads + 2 * heads * dim * d
     ns_step = 4 * features**2 * hidden + 2 * features**3  # F = 48 < E = 64
-    per_head = 2 * (2 * size + 2 * hidden * dim) + 2 * (8 + 3 - 1) * size + 5 * 2 * ns_step + 2 * size
+    inner = 2 * (2 * size + 2 * hidden * dim) * (8 + 3 - 1) / 8  # the chunk's 8 tokens and the 2 carried ones
+    per_head = inner + 2 * (8 + 3 - 1) * size + 5 * 2 * ns_step + 2 * size
     assert mixer_flops_per_token("atlas", config, 128) == projections + heads * per_head
     swa = mixer_flops_per_token("swa", config, 128)
     assert mixer_flops_per_token("atlas_mag", config, 128) == projections + heads * per_head + swa + 2 * d * d
@@ -118,3 +119,30 @@ def test_titans_and_omeganet_train_from_train_py(tmp_path, tiny_corpus, config):
     losses = [r["loss"] for r in records if "loss" in r]
     assert len(losses) == 3 and all(math.isfinite(x) for x in losses)
     assert losses[-1] < losses[0]  # three AdamW steps at lr 3e-3 on a tiny corpus reduce the loss
+
+
+def test_eta_scales_auto_puts_eta_on_the_update_whenever_newton_schulz_runs():
+    assert AtlasConfig().eta_scales == "auto" and AtlasConfig().eta_rule == "update"  # ns_steps 5
+    assert AtlasConfig(ns_steps=0).eta_rule == "gradient"  # Titans' momentum
+    assert AtlasConfig(ns_steps=5, eta_scales="gradient").eta_rule == "gradient"
+    assert AtlasConfig(ns_steps=0, eta_scales="update").eta_rule == "update"
+
+
+def _atlas_output(eta_high, **atlas):
+    from flax import nnx
+    from seqmodels.mixers import build_mixer
+    config = ModelConfig(d_model=32, num_heads=2, max_seq_len=32, kernel_impl="xla", init_std=0.2,
+                         atlas=AtlasConfig(window=2, chunk_size=4, poly_key_dim=4, theta_range=(0.0, 0.0),
+                                           eta_range=(0.0, eta_high), **atlas))
+    x = jax.random.normal(jax.random.key(0), (1, 12, 32))
+    return np.asarray(build_mixer("atlas", config, nnx.Rngs(3))(x)[0])
+
+
+def test_with_newton_schulz_only_the_update_rule_gives_the_memory_a_step_size():
+    # theta = 0: S_t is the (scaled) window gradient. NS_k is scale-invariant, so eta on the gradient
+    # (eta_t proportional to eta_high) cancels, while eta on NS_k(S_t) scales every memory increment.
+    gradient = [_atlas_output(high, eta_scales="gradient") for high in (0.05, 0.1)]
+    # float32 rounding through 5 Newton-Schulz steps (amplified up to ~500x, see the recurrence tests): 2e-4.
+    np.testing.assert_allclose(gradient[0], gradient[1], atol=2e-4)
+    update = [_atlas_output(high) for high in (0.05, 0.1)]  # the default: auto -> update
+    assert np.abs(update[0] - update[1]).max() > 1e-2

@@ -126,3 +126,73 @@ def test_flops_entries_follow_the_documented_formulas():
     for name, backbone in (("muonssm_mamba2", "mamba2"), ("muonssm_gated_deltanet", "gated_deltanet")):
         assert mixer_flops_per_token(name, no_momentum, 256) == mixer_flops_per_token(backbone, cfg, 256)
     assert mixer_flops_per_token("gated_deltanet", cfg, 256) > mixer_flops_per_token("deltanet", cfg, 256)
+
+
+def _reference_gated_rms_norm(y, z, weight, eps, group_size):
+    """state-spaces/mamba ``RMSNormGated(norm_before_gate=False)``: normalise ``y * silu(z)`` per group."""
+    gated = y * z / (1 + np.exp(-z))
+    groups = gated.reshape(*gated.shape[:-1], -1, group_size)
+    normed = groups / np.sqrt(np.mean(groups**2, axis=-1, keepdims=True) + eps)
+    return normed.reshape(gated.shape) * weight
+
+
+@pytest.mark.parametrize("name", ["mamba2", "muonssm_mamba2"])
+def test_mamba2_output_norm_is_the_reference_gate_then_one_group_rms_norm(name):
+    mixer = build_mixer(name, config(), nnx.Rngs(7))
+    heads, head_dim = mixer.heads, mixer.head_dim
+    assert mixer.norm.scale.get_value().shape == (heads * head_dim,)  # one scale over all heads
+    weight = jax.random.uniform(jax.random.key(8), (heads * head_dim,), minval=0.5, maxval=1.5)
+    mixer.norm.scale.set_value(weight)
+    y, z = (jax.random.normal(jax.random.key(s), (2, 5, heads, head_dim)) for s in (9, 10))
+    expected = _reference_gated_rms_norm(np.asarray(y).reshape(2, 5, -1), np.asarray(z).reshape(2, 5, -1),
+                                         np.asarray(weight), mixer.norm.eps, heads * head_dim)
+    np.testing.assert_allclose(mixer.gated_norm(y, z).reshape(2, 5, -1), expected, rtol=1e-5, atol=1e-5)
+    # The earlier rule (norm per head, then gate) stays an option, with a [P] scale, and differs.
+    per_head = config(mamba2=Mamba2Config(state_dim=8, chunk_size=16, gated_norm="per_head_before_gate"))
+    old = build_mixer(name, per_head, nnx.Rngs(7))
+    assert old.norm.scale.get_value().shape == (head_dim,)
+    x = inputs(seed=11)
+    assert not np.allclose(forward(old, x, None), forward(mixer, x, None), atol=1e-2)
+
+
+def test_unknown_mamba2_gated_norm_is_rejected_naming_the_field():
+    with pytest.raises(ConfigError, match=r"model.mamba2.gated_norm: must be after_gate or per_head_before_gate"):
+        load_config(None, ["model.d_model=128", "model.mamba2.gated_norm=before"])
+
+
+def _explicit_newton_schulz(matrix, steps):
+    from pallas_kernels.newton_schulz import newton_schulz
+    return newton_schulz(matrix, steps=steps, impl="xla")
+
+
+@pytest.mark.parametrize("steps", [1, 3])
+def test_muonssm_all_scope_conditions_the_all_heads_injection_as_one_matrix(steps):
+    heads, state, head_dim = 2, 3, 4
+    mixer = build_mixer("muonssm_mamba2", config(muonssm=MuonSSMConfig(ns_steps=steps)), nnx.Rngs(0))
+    assert mixer.ns_scope == "all"  # the MuonSSM code's scope is the default
+    key = jax.random.normal(jax.random.key(1), (state,))  # B_t, shared by the heads
+    values = jax.random.normal(jax.random.key(2), (heads, head_dim)) * jnp.array([[1.0], [4.0]])  # Delta x
+    stacked = values.reshape(-1)[:, None] * key[None, :]  # the [H P, N] injection of the MuonSSM code
+    sum_squares = jnp.sum(key**2) * jnp.sum(values**2, -1)
+    scale = mixer.injection_scale(sum_squares[None, None], shared_key=True)[0, 0]
+    np.testing.assert_allclose(jnp.repeat(scale, head_dim)[:, None] * stacked,
+                               _explicit_newton_schulz(stacked, steps), atol=2e-5)
+    # Gated DeltaNet: heads own their keys; the all-heads injection is block-diagonal.
+    keys = jax.random.normal(jax.random.key(3), (heads, state))
+    blocks = [keys[h][:, None] * values[h][None, :] for h in range(heads)]
+    block_diagonal = jax.scipy.linalg.block_diag(*blocks)
+    sums = jnp.sum(keys**2, -1) * jnp.sum(values**2, -1)
+    scales = mixer.injection_scale(sums[None, None], shared_key=False)[0, 0]
+    np.testing.assert_allclose(jax.scipy.linalg.block_diag(*[scales[h] * blocks[h] for h in range(heads)]),
+                               _explicit_newton_schulz(block_diagonal, steps), atol=2e-5)
+
+
+@pytest.mark.parametrize("name", ["muonssm_mamba2", "muonssm_gated_deltanet"])
+def test_muonssm_head_scope_is_the_per_head_rule_and_differs_from_all(name):
+    per_head = build_mixer(name, config(muonssm=MuonSSMConfig(ns_scope="head")), nnx.Rngs(5))
+    every = build_mixer(name, config(), nnx.Rngs(5))
+    sums = jnp.array([[[1.0, 9.0]]])
+    from pallas_kernels.momentum_scan import rank_one_scale
+    np.testing.assert_allclose(per_head.injection_scale(sums, shared_key=True), rank_one_scale(sums, steps=1))
+    x = inputs(seed=12)
+    assert not np.allclose(forward(per_head, x, None), forward(every, x, None), atol=1e-4)
