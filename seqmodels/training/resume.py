@@ -83,7 +83,7 @@ def check_setting_changes(saved: Config, current: Config, step: int, where: str)
             f"resuming from step {step} in {where} would change settings the checkpoint was trained with: {listed}"
             + (f" ({note})" if note else "") + ". A resume must reproduce the run: use the checkpoint's settings, "
             f"another train.run_dir, or name the keys to change in checkpoint.allow_changes=[{', '.join(refused)}]")
-    notes = [f"resuming with changed settings (checkpoint.allow_changes): "
+    notes = ["resuming with changed settings (checkpoint.allow_changes): "
              + "; ".join(f"{key} {a!r} -> {b!r}" for key, (a, b) in diffs.items())] if diffs else []
     note = schedule_note(saved, current, step)
     return notes + ([note] if note else [])
