@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 
 
@@ -23,6 +24,9 @@ class StopFlag:
             signal.raise_signal(signum)
             return
         self.signal_name = signal.Signals(signum).name
+        # os.write, not print: a handler may run while the main thread is inside a print of its own.
+        os.write(2, f"{self.signal_name} received: stopping after this step with a checkpoint; send it again "
+                    "to stop at once without saving\n".encode())
 
     def restore(self):
         for s, handler in self._previous.items():

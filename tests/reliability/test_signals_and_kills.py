@@ -2,6 +2,7 @@
 
 import random
 import signal
+import threading
 import time
 
 import pytest
@@ -93,9 +94,19 @@ def test_second_sigint_stops_at_once_with_status_130(tmp_path, corpus):
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and len(_rows(run_dir)) < 2:
         time.sleep(0.01)
+    # Two signals sent back to back can merge into one delivery (the main thread may be inside a step),
+    # so the second is sent only once the run has said it saw the first; it then lands in the step or
+    # the save that follows and must stop the run at once.
+    lines = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(process.stderr.readline, "")), daemon=True)
+    reader.start()
     process.send_signal(signal.SIGINT)
-    time.sleep(0.02)  # let the first be handled (it sets the stop flag), the second arrives during the save
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any("SIGINT received" in line for line in lines):
+        time.sleep(0.002)
     process.send_signal(signal.SIGINT)
-    out, err = process.communicate(timeout=120)
+    process.wait(timeout=120)
+    reader.join(timeout=30)
+    err = "".join(lines)
     assert process.returncode == 130, err[-2000:]
     assert err.strip().splitlines()[-1].startswith("error: interrupted twice") and "Traceback" not in err
