@@ -118,6 +118,7 @@ def test_read_only_run_directory_is_refused_for_training_and_evaluates_elsewhere
     assert (out.parent / "results_loss_by_position.png").stat().st_size > 1000
 
 
+@pytest.mark.flaky(reruns=2)  # races a real signal / an orbax async save against the test's timing
 def test_full_disk_during_a_save_keeps_the_previous_checkpoint(trained, tmpfs, capsys):
     run_dir, corpus = trained
     copy = tmpfs / "run"

@@ -87,6 +87,7 @@ def test_kill_9_at_random_moments_of_async_saves_resumes_bitwise(tmp_path, corpu
         assert_same_params(params, final_params(straight)[1])
 
 
+@pytest.mark.flaky(reruns=2)  # races a real signal / an orbax async save against the test's timing
 @pytest.mark.slow
 def test_second_sigint_stops_at_once_with_status_130(tmp_path, corpus):
     run_dir = tmp_path / "run"
