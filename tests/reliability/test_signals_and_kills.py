@@ -3,14 +3,16 @@
 import os
 import random
 import signal
+import subprocess
+import sys
 import threading
 import time
 
 import pytest
 
 from conftest import tiny_overrides, write_corpus
-from reliability_helpers import (assert_same_params, final_params, logged_losses, logged_steps, run_script,
-                                 start_train)
+from reliability_helpers import (ROOT, assert_same_params, final_params, logged_losses, logged_steps, run_script,
+                                 start_train, subprocess_env)
 
 EXIT_PREEMPTED = 3
 
@@ -88,29 +90,49 @@ def test_kill_9_at_random_moments_of_async_saves_resumes_bitwise(tmp_path, corpu
         assert_same_params(params, final_params(straight)[1])
 
 
-@pytest.mark.skipif(os.environ.get("CI") == "true", reason="races two real SIGINTs against a step and a save: "
-                    "on the loaded CI machine the run finishes its save before the second signal arrives (3 failed "
-                    "attempts in one CI run); passes when run alone; to be made deterministic")
+# train.py with Checkpointer.save held open: it announces itself on stderr, then waits. The second SIGINT
+# therefore always lands inside the save that the first one asked for, however loaded the machine is.
+_HELD_SAVE = """
+import os, sys, time
+sys.path.insert(0, {root!r})
+import seqmodels.training.checkpoint as checkpoint
+def held_save(self, *args, **kwargs):
+    os.write(2, b"save held open\\n")
+    while True:
+        time.sleep(0.05)
+checkpoint.Checkpointer.save = held_save
+sys.argv = ["train.py", *sys.argv[1:]]
+import train
+sys.exit(train.main())
+"""
+
+
 @pytest.mark.slow
 def test_second_sigint_stops_at_once_with_status_130(tmp_path, corpus):
     run_dir = tmp_path / "run"
-    process = start_train(tiny_overrides(run_dir, corpus, train__steps=100000, checkpoint__every_steps=100000))
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and len(_rows(run_dir)) < 2:
-        time.sleep(0.01)
-    # Two signals sent back to back can merge into one delivery (the main thread may be inside a step),
-    # so the second is sent only once the run has said it saw the first; it then lands in the step or
-    # the save that follows and must stop the run at once.
+    overrides = tiny_overrides(run_dir, corpus, train__steps=100000, checkpoint__every_steps=100000)
+    process = subprocess.Popen([sys.executable, "-c", _HELD_SAVE.format(root=str(ROOT)), *overrides], cwd=ROOT,
+                               env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines = []
     reader = threading.Thread(target=lambda: lines.extend(iter(process.stderr.readline, "")), daemon=True)
     reader.start()
+
+    def wait_for(fragment, timeout):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not any(fragment in line for line in lines):
+            assert process.poll() is None, "".join(lines)[-2000:]
+            time.sleep(0.01)
+        assert any(fragment in line for line in lines), f"{fragment!r} never printed: {''.join(lines)[-2000:]}"
+
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and len(_rows(run_dir)) < 2:
+        time.sleep(0.01)
     process.send_signal(signal.SIGINT)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not any("SIGINT received" in line for line in lines):
-        time.sleep(0.002)
+    wait_for("save held open", 120)  # the first SIGINT was seen and the run is inside its checkpoint
     process.send_signal(signal.SIGINT)
     process.wait(timeout=120)
     reader.join(timeout=30)
     err = "".join(lines)
     assert process.returncode == 130, err[-2000:]
     assert err.strip().splitlines()[-1].startswith("error: interrupted twice") and "Traceback" not in err
+    assert "SIGINT received: stopping after this step" in err
