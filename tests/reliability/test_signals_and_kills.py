@@ -1,6 +1,5 @@
 """Preemption: SIGTERM / SIGINT save and exit with status 3; kill -9 at random moments of async saves resumes bitwise."""
 
-import os
 import random
 import signal
 import subprocess
