@@ -17,6 +17,7 @@ from flax import nnx
 
 from seqmodels.config import ModelConfig
 from seqmodels.hf.config_map import model_config_from_hf
+from seqmodels.hf.directory import hf_directory
 from seqmodels.hf.errors import HFFormatError
 from seqmodels.hf.param_map import get_path, set_path, tensor_rules
 from seqmodels.hf.safetensors_io import SafetensorsCheckpoint
@@ -24,16 +25,6 @@ from seqmodels.models.lm import LM
 from seqmodels.training.state import abstract_model
 
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some older checkpoints store; recomputed from rope_theta
-
-
-def hf_directory(path) -> Path:
-    """``path`` as a directory holding ``config.json``, else ``HFFormatError`` saying which is missing."""
-    directory = Path(path)
-    if not directory.is_dir():
-        raise HFFormatError(f"{directory}: no such directory (expected a Hugging Face model directory)")
-    if not (directory / "config.json").is_file():
-        raise HFFormatError(f"{directory}: no config.json (a Hugging Face model directory has one)")
-    return directory
 
 
 def read_json(path: Path) -> dict:
