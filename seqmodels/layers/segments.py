@@ -18,7 +18,8 @@ RESET_LOG_DECAY = -30.0
 def document_starts(segment_ids: jax.Array) -> jax.Array:
     """Boolean ``[B, T]``: True at every token (after the first) whose segment differs from the one before."""
     changed = segment_ids[:, 1:] != segment_ids[:, :-1]
-    return jnp.concatenate([jnp.zeros_like(changed[:, :1]), changed], axis=1)
+    first = jnp.zeros((segment_ids.shape[0], 1), bool)  # not changed[:, :1], which is empty when T = 1
+    return jnp.concatenate([first, changed], axis=1)
 
 
 def reset_at_document_starts(log_decay: jax.Array, segment_ids: jax.Array | None) -> jax.Array:
