@@ -49,6 +49,19 @@ def ensure_base(path: str) -> Path:
         raise ConfigError(f"model.ahn.base: {path} does not exist and cannot be converted: {error}") from None
 
 
+def prepare_ahn_base(config_path=None, overrides=()) -> None:
+    """Before the configuration is built (its ``data.tokenizer: hf:DIR`` may name the base): convert the
+    default base when the YAML at ``config_path`` and ``overrides`` describe an AHN model on it and it is missing."""
+    from seqmodels.config_io import parse_overrides, read_yaml
+    tree = read_yaml(config_path) if config_path else {}
+    model = {**(tree.get("model") or {})}
+    extra = parse_overrides(overrides).get("model") or {}
+    ahn = {**(model.get("ahn") or {}), **(extra.get("ahn") or {})}
+    if extra.get("kind", model.get("kind")) == "ahn" and ahn.get("base", DEFAULT_AHN_BASE) == DEFAULT_AHN_BASE:
+        if not Path(DEFAULT_AHN_BASE).exists():
+            ensure_base(DEFAULT_AHN_BASE)
+
+
 def base_model_config(path: str, user: ModelConfig) -> ModelConfig:
     """The decoder LM (``kind: lm``) section of the base at ``path``; non-architecture settings from ``user``."""
     directory = ensure_base(path)
