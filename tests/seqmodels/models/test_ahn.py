@@ -125,6 +125,13 @@ def test_a_base_with_recurrent_layers_is_refused_naming_model_ahn_base():
         ModelConfig(kind="ahn", mixers=("attention", "gated_deltanet"))
 
 
+def test_scanned_or_rematerialised_ahn_layers_are_refused_naming_the_key():
+    with pytest.raises(ConfigError, match=r"^model\.scan_layers: must be false for model\.kind = ahn"):
+        ModelConfig(kind="ahn", scan_layers=True)
+    with pytest.raises(ConfigError, match=r"^model\.remat: must be none for model\.kind = ahn"):
+        ModelConfig(kind="ahn", remat="full")
+
+
 def test_a_run_directory_base_of_another_kind_is_refused(tmp_path):
     from seqmodels.config_io import save_config
     from seqmodels.config import Config
