@@ -5,7 +5,10 @@ Loads the run's resolved config and its latest (or ``--step``) checkpoint, then 
 ``recall`` (answer accuracy on held-out MQAR / selective-copying examples built from the run's
 ``data.seq_len`` and ``data.synthetic``: the run's own task, or both when it trained on text) and
 ``cfl`` (accept/reject accuracy per language of ``data.cfl.languages`` and string length ``--lengths``,
-on ``--examples`` fresh strings per cell drawn with ``--cfl-seed``).
+on ``--examples`` fresh strings per cell drawn with ``--cfl-seed``) and ``ahn`` (an AHN run: loss beyond
+the window at ``--ahn-multiples`` x ``--ahn-window`` tokens for full attention, sliding window alone and
+AHN, needle retrieval from before the window, FLOPs and cache bytes at 32k / 128k tokens; also a
+markdown table beside ``--out`` as ``<stem>_ahn.md``).
 Writes JSON to ``--out`` (default ``<run>/eval.json``) and prints it.
 """
 
@@ -18,7 +21,7 @@ from pathlib import Path
 
 from seqmodels.config import ConfigError
 
-SUITES = ("perplexity", "recall", "cfl")
+SUITES = ("perplexity", "recall", "cfl", "ahn")
 
 
 def parse_args(argv):
@@ -32,6 +35,9 @@ def parse_args(argv):
     parser.add_argument("--examples", type=int, default=256, help="cfl: strings per language and length")
     parser.add_argument("--cfl-seed", type=int, default=1234,
                         help="cfl: seed of the evaluation strings (experiments/cfl/run.py's --eval-seed default is 1234)")
+    parser.add_argument("--ahn-window", type=int, help="ahn: the window to evaluate (default: model.ahn.window)")
+    parser.add_argument("--ahn-multiples", default="2,4,8", help="ahn: evaluation lengths as multiples of the window")
+    parser.add_argument("--needles", type=int, default=16, help="ahn: needle retrieval examples")
     parser.add_argument("--out", help="JSON path (default: <run>/eval.json); the perplexity plot is written "
                                       "beside it as <stem>_loss_by_position.png")
     return parser.parse_args(argv)
@@ -43,6 +49,8 @@ SUITE_NEEDS = {
                    "a language model (model.kind=lm); this run is a looped classifier: use --suites cfl"),
     "recall": (lambda config: config.model.kind == "lm",
                "a language model (model.kind=lm); this run is a looped classifier: use --suites cfl"),
+    "ahn": (lambda config: config.model.kind == "ahn",
+            "an AHN run (model.kind=ahn); use --suites perplexity for a language model"),
     "cfl": (lambda config: config.data.source == "cfl",
             "a run trained on data.source=cfl (its accept/reject tokens); use --suites perplexity or recall"),
 }
@@ -56,7 +64,7 @@ def check_args(args) -> tuple[list[str], list[int]]:
     unknown = [s for s in suites if s not in SUITES]
     if unknown:
         raise ConfigError(f"unknown suite(s) {unknown}; choose from {list(SUITES)}")
-    for flag in ("batch_size", "max_batches", "examples"):
+    for flag in ("batch_size", "max_batches", "examples", "needles"):
         if getattr(args, flag) < 1:
             raise ConfigError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     try:
@@ -65,6 +73,14 @@ def check_args(args) -> tuple[list[str], list[int]]:
         raise ConfigError(f"--lengths {args.lengths!r}: expected comma-separated integers, e.g. 16,32,64") from None
     if any(n < 1 for n in lengths):
         raise ConfigError(f"--lengths {args.lengths!r}: every length must be >= 1")
+    try:
+        args.ahn_multiples_list = [int(n) for n in args.ahn_multiples.split(",")]
+    except ValueError:
+        raise ConfigError(f"--ahn-multiples {args.ahn_multiples!r}: expected comma-separated integers, e.g. 2,4,8") \
+            from None
+    if any(n < 2 for n in args.ahn_multiples_list):
+        raise ConfigError(f"--ahn-multiples {args.ahn_multiples!r}: every multiple must be >= 2 (the window itself "
+                          "leaves nothing beyond it)")
     return suites, lengths
 
 
@@ -81,6 +97,9 @@ def write_results(results: dict, out: Path) -> None:
     if "perplexity" in results:
         from seqmodels.evaluation.perplexity import plot_loss_by_position
         plot_loss_by_position(results["perplexity"], out.with_name(out.stem + "_loss_by_position.png"))
+    if "ahn" in results:
+        from seqmodels.evaluation.ahn import markdown_table
+        out.with_name(out.stem + "_ahn.md").write_text(markdown_table(results["ahn"]))
     temporary = out.with_name(out.name + ".tmp")
     temporary.write_text(json.dumps(results, indent=2))
     temporary.replace(out)
@@ -111,6 +130,11 @@ def main(argv=None) -> int:
             results["cfl"] = evaluate_cfl(model, config.data.cfl.languages, lengths, num_examples=args.examples,
                                           seed=args.cfl_seed, batch_size=args.batch_size)
             results["cfl_seed"] = args.cfl_seed
+        if "ahn" in suites:
+            from seqmodels.evaluation.ahn import evaluate_ahn
+            results["ahn"] = evaluate_ahn(model, config, window=args.ahn_window, multiples=args.ahn_multiples_list,
+                                          batch_size=args.batch_size, max_batches=args.max_batches,
+                                          retrieval_examples=args.needles)
         write_results(results, out)
     except (ConfigError, DataError, CheckpointError) as error:
         print(f"error: {error}", file=sys.stderr)

@@ -69,9 +69,11 @@ def main(argv=None) -> int:
 def _train(args, stop, train, usage_errors, diverged) -> int:
     from seqmodels.config_io import load_config
     from seqmodels.hf.init_from import explicit_model_keys, resolve_init_from
+    from seqmodels.models.ahn_base import prepare_ahn_base, resolve_ahn_base
     try:
-        config = resolve_init_from(load_config(args.config, args.overrides),
-                                   explicit_model_keys(args.config, args.overrides))
+        prepare_ahn_base(args.config, args.overrides)
+        config = resolve_ahn_base(resolve_init_from(load_config(args.config, args.overrides),
+                                                    explicit_model_keys(args.config, args.overrides)))
         summary = train(config, stop)
     except usage_errors as error:
         print(f"error: {error}", file=sys.stderr)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from seqmodels.config_ahn import AHNConfig
 from seqmodels.config_base import ConfigError, _require, _require_at_least, _require_choices, describe
 from seqmodels.config_mixers import (  # noqa: F401  (sections of ModelConfig, re-exported here)
     AtlasConfig, AttentionConfig, DeltaNetConfig, LonghornConfig, LoopedConfig, Mamba2Config, MuonSSMConfig,
@@ -50,9 +51,11 @@ class ModelConfig:
     longhorn: LonghornConfig = describe("LongHorn settings (longhorn, muonssm_longhorn)", factory=LonghornConfig)
     deltanet: DeltaNetConfig = describe("DeltaNet / Gated DeltaNet settings", factory=DeltaNetConfig)
     muonssm: MuonSSMConfig = describe("MuonSSM settings (muonssm_* mixers)", factory=MuonSSMConfig)
-    kind: Literal["lm", "looped"] = describe(
-        "lm (decoder LM over model.mixers) | looped (looped padded transformer, model.looped)", "lm")
+    kind: Literal["lm", "looped", "ahn"] = describe(
+        "lm (decoder LM over model.mixers) | looped (looped padded transformer, model.looped) | ahn (a frozen "
+        "base with sliding-window attention and a compressor per layer, model.ahn)", "lm")
     looped: LoopedConfig = describe("looped padded transformer settings", factory=LoopedConfig)
+    ahn: AHNConfig = describe("AHN settings (model.kind = ahn)", factory=AHNConfig)
     init_from: str = describe(
         "'' (random initialisation) | hf:DIR: a Hugging Face Llama / Qwen2 directory (seqmodels.hf) whose "
         "architecture becomes this model section and whose weights start the run", "")
@@ -81,10 +84,24 @@ class ModelConfig:
         _require(self.kind != "looped" or self.looped.positions == "rope" or self.d_model % 2 == 0,
                  "model.looped.positions",
                  f"rope+sinusoidal needs an even model.d_model (sine and cosine pairs), got {self.d_model}")
+        if self.kind == "ahn":
+            self._check_ahn()
         inner = self.mamba2.expand * self.d_model
         _require(not (self._uses("mamba2") or self._uses("muonssm_mamba2")) or not self.mamba2.head_dim
                  or inner % self.mamba2.head_dim == 0, "model.mamba2.head_dim",
                  f"{self.mamba2.head_dim} does not divide model.mamba2.expand * model.d_model = {inner}")
+
+    def _check_ahn(self) -> None:
+        """An AHN base is Transformer++ (every layer full causal attention); AHN runs its layers unscanned."""
+        other = [name for name in self.mixers if name != "attention"] or [""]
+        _require(not other[0], "model.ahn.base",
+                 f"layers of mixer {other[0]!r}: the compressors reuse each layer's attention queries, keys and "
+                 "values, so every layer of the base must be 'attention'")
+        _require(not self.scan_layers, "model.scan_layers", "must be false for model.kind = ahn")
+        _require(self.remat == "none", "model.remat", "must be none for model.kind = ahn (its layers are not "
+                                                      "rematerialised)")
+        _require(self.attention.conv_kernel == 0 and not self.attention.qk_norm, "model.ahn.base",
+                 "the base's attention has a short convolution or q/k norm; AHN takes a Llama / Qwen2 layout")
 
     @property
     def mixers_in_use(self) -> tuple[str, ...]:

@@ -24,7 +24,7 @@ from seqmodels.config import Config, ConfigError
 from seqmodels.config_io import save_config, to_dict
 from seqmodels.data.pipeline import describe_source, make_train_dataset, required_vocab_size
 from seqmodels.mixers import check_mixer_names
-from seqmodels.models import flops_per_token
+from seqmodels.models import flops_per_token, trainable_filter
 from seqmodels.optim.build import build_optimizer
 from seqmodels.sharding import logical_spec, make_mesh, param_logical_axes
 from seqmodels.training.batches import data_shard, global_batch
@@ -37,6 +37,7 @@ from seqmodels.training.run_dir import RunDirLock
 from seqmodels.training.stop import StopFlag
 from seqmodels.training.state import abstract_model, count_params, init_train_state
 from seqmodels.training.step import make_train_step
+from seqmodels.training.trainable import trainable_part
 
 
 class TrainingDiverged(RuntimeError):
@@ -205,20 +206,26 @@ class _StepRecorder:
 def _run(config: Config, mesh, iterator, checkpointer: Checkpointer, choice, incomplete: dict[int, str],
          stop: StopFlag, batch_sharding) -> dict:
     _, abstract_state = abstract_model(config.model, config.train.seed)
+    trainable = trainable_filter(config.model)
+    shapes = jax.tree.map(lambda x: tuple(x.shape), nnx.to_pure_dict(abstract_state))
     optimizer, schedule = build_optimizer(
-        config.optim, config.train.steps, param_axes=param_logical_axes(abstract_state),
-        param_shapes=jax.tree.map(lambda x: tuple(x.shape), nnx.to_pure_dict(abstract_state)))
-    graphdef, state, shardings = init_train_state(config.model, config.train.seed, mesh, optimizer)
+        config.optim, config.train.steps, param_axes=trainable_part(param_logical_axes(abstract_state), trainable),
+        param_shapes=trainable_part(shapes, trainable))
+    graphdef, state, shardings = init_train_state(config.model, config.train.seed, mesh, optimizer, trainable)
     start, notes = 0, []
     if choice is not None:
         state, start, notes = _restore_newest_complete(config, checkpointer, choice, incomplete, state, iterator)
     elif config.model.init_from:
         from seqmodels.hf.init_from import init_params
         state = {**state, "params": init_params(config.model, shardings["params"])}
+    elif config.model.kind == "ahn":
+        from seqmodels.models.ahn_base import with_base_params
+        state = {**state, "params": with_base_params(config.model, state["params"], shardings["params"])}
     if jax.process_index() == 0:
         save_config(config, Path(config.train.run_dir) / "config.yaml")  # the first write: the restore succeeded
     last_step = config.train.exit_at_step or config.train.steps
-    step_fn = jax.jit(make_train_step(graphdef, optimizer, schedule, grad_accum=config.train.grad_accum),
+    step_fn = jax.jit(make_train_step(graphdef, optimizer, schedule, grad_accum=config.train.grad_accum,
+                                      trainable=trainable),
                       in_shardings=(shardings, batch_sharding), out_shardings=(shardings, None),
                       donate_argnums=0)
     logger = MetricsLogger(config.train.run_dir, config.log, total_steps=config.train.steps, start_step=start,

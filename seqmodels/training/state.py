@@ -15,6 +15,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from seqmodels.config import ModelConfig
 from seqmodels.models import build_model
 from seqmodels.sharding import param_shardings
+from seqmodels.training.trainable import trainable_part
 
 
 def abstract_model(config: ModelConfig, seed: int = 0):
@@ -88,12 +89,14 @@ def merged_spec(shape: tuple, spec: tuple, merged_shape: tuple) -> PartitionSpec
     return PartitionSpec(*result) if axis == len(shape) else None
 
 
-def init_train_state(config: ModelConfig, seed: int, mesh: Mesh, optimizer):
-    """``(graphdef, state, state_shardings)``; optimizer moments are created in their parameters' sharding."""
+def init_train_state(config: ModelConfig, seed: int, mesh: Mesh, optimizer, trainable=None):
+    """``(graphdef, state, state_shardings)``; optimizer moments are created in their parameters' sharding,
+    for the parameters ``trainable`` selects (all when None)."""
     graphdef, params, shardings = init_params(config, seed, mesh)
-    abstract_opt_state = jax.eval_shape(optimizer.init, params)
-    opt_shardings = optimizer_state_shardings(abstract_opt_state, params, shardings, mesh)
-    opt_state = jax.jit(optimizer.init, out_shardings=opt_shardings)(params)
+    trained, trained_shardings = trainable_part(params, trainable), trainable_part(shardings, trainable)
+    abstract_opt_state = jax.eval_shape(optimizer.init, trained)
+    opt_shardings = optimizer_state_shardings(abstract_opt_state, trained, trained_shardings, mesh)
+    opt_state = jax.jit(optimizer.init, out_shardings=opt_shardings)(trained)
     replicated = NamedSharding(mesh, PartitionSpec())
     state = {"step": jax.device_put(jnp.zeros((), jnp.int32), replicated), "params": params, "opt_state": opt_state}
     state_shardings = {"step": replicated, "params": shardings, "opt_state": opt_shardings}

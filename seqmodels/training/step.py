@@ -4,6 +4,10 @@ The batch ``[B, L]`` is split into ``grad_accum`` micro-batches ``[A, B/A, L]`` 
 each contributes the gradient of its *summed* loss, and the sum is divided once by the total number
 of loss tokens. The result therefore equals the gradient of the mean loss over the whole batch,
 whatever the accumulation factor (up to float summation order).
+
+With a ``trainable`` predicate (``seqmodels.models.trainable_filter``) only the parameters it selects
+are differentiated, updated and given optimizer state; the rest are carried over untouched. Every
+micro-batch also carries the step number (``"step"``) for models that draw per-step choices from it.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
+
+from seqmodels.training.trainable import merge_params, split_params
 
 
 def _split_microbatches(batch: dict, grad_accum: int) -> dict:
@@ -22,23 +28,25 @@ def _split_microbatches(batch: dict, grad_accum: int) -> dict:
     return jax.tree.map(split, batch)
 
 
-def make_train_step(graphdef, optimizer: optax.GradientTransformation, schedule, *, grad_accum: int = 1):
+def make_train_step(graphdef, optimizer: optax.GradientTransformation, schedule, *, grad_accum: int = 1,
+                    trainable=None):
     """The step function (not jitted: the loop jits it with explicit shardings)."""
+    select = trainable or (lambda path: True)
 
-    def summed_loss(params, micro):
-        loss_sum, count = nnx.merge(graphdef, params).loss(micro)
+    def summed_loss(params, frozen, micro):
+        loss_sum, count = nnx.merge(graphdef, merge_params(params, frozen)).loss(micro)
         return loss_sum, count
 
     grad_fn = jax.value_and_grad(summed_loss, has_aux=True)
 
     def train_step(state: dict, batch: dict):
-        params = state["params"]
+        params, frozen = (state["params"], {}) if trainable is None else split_params(state["params"], select)
         micro = _split_microbatches(batch, grad_accum)
         zeros = jax.tree.map(jnp.zeros_like, params)
 
         def accumulate(carry, one):
             grads, loss_sum, count = carry
-            (micro_loss, micro_count), micro_grads = grad_fn(params, one)
+            (micro_loss, micro_count), micro_grads = grad_fn(params, frozen, {**one, "step": state["step"]})
             grads = jax.tree.map(jnp.add, grads, micro_grads)
             return (grads, loss_sum + micro_loss, count + micro_count), None
 
@@ -47,7 +55,9 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, schedule,
         denominator = jnp.maximum(count, 1.0)
         grads = jax.tree.map(lambda g: g / denominator, grads)
         updates, opt_state = optimizer.update(grads, state["opt_state"], params)
-        new_state = {"step": state["step"] + 1, "params": optax.apply_updates(params, updates),
+        new_params = optax.apply_updates(params, updates)
+        new_state = {"step": state["step"] + 1,
+                     "params": new_params if trainable is None else merge_params(new_params, frozen),
                      "opt_state": opt_state}
         metrics = {"loss": loss_sum / denominator, "grad_norm": optax.tree.norm(grads),
                    "learning_rate": schedule(state["step"]), "loss_tokens": count}

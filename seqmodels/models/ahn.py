@@ -1,0 +1,213 @@
+"""AHN (``model.kind: ahn``): a frozen Transformer++ whose attention keeps sinks + a sliding window, with a
+learned compressor per layer for the tokens that leave the window (Artificial Hippocampus Networks,
+arXiv 2510.07318). Per layer l of the base, with ``h = RMSNorm_l(x)`` and the layer's own post-RoPE
+``q, k, v``::
+
+    a_t = SWA(q, k, v)_t      over the first ``sinks`` tokens and the last ``ring = window - sinks``
+    m_t = Compressor_l(h, q, k, v)_t        the tokens ``sinks <= s <= t - ring`` (``ahn_compressor.py``)
+    x  <- x + W_o (a_t + m_t);   x <- x + MLP_l(RMSNorm(x))
+
+The teacher is the same weights with full causal attention. Rows are one stream each (positions
+``0 .. T-1``; segment ids are not used: a packed row is one long context). The parameter tree is the
+decoder LM's (``embed``, ``blocks/i/{mixer_norm, mixer, mlp_norm, mlp}``, ``final_norm``, ``head`` when
+untied: what ``seqmodels.hf.load_pretrained_params`` of the base gives) plus one subtree
+``blocks/i/ahn`` per layer; only ``ahn`` subtrees train (``trainable_path``).
+
+Training loss (``loss``): KL(teacher || student) summed over the vocabulary, averaged over the positions
+``>= window`` (``ahn_loss.chunked_kl``). With ``model.ahn.random_window`` each step draws ``(window,
+sinks)`` from ``window_choices`` keyed by the step (``batch["step"]``, which the train step supplies).
+
+Decoding (``init_cache`` / ``__call__(tokens, cache=...)``, so ``seqmodels.models.generate`` works) keeps
+per layer the sink keys/values, a ring of the window's keys/values (with each token's write gates) and
+the compressor state; the token a new one overwrites in the ring is written into the state first. The
+cache size is fixed by ``window``: it does not grow with the length decoded. Tokens are processed one at
+a time (a prefill scans the same step).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from seqmodels.config import ModelConfig
+from seqmodels.layers.attention import attend, visibility_mask
+from seqmodels.layers.common import param
+from seqmodels.layers.mlp import SwiGLU
+from seqmodels.layers.norms import RMSNorm
+from seqmodels.mixers.attention import Attention, _flops as attention_flops
+from seqmodels.models.ahn_compressor import Compressor, compressor_flops_per_token
+from seqmodels.models.ahn_loss import chunked_kl, window_choices
+
+TRAINABLE_SUBTREE = "ahn"
+
+
+def trainable_path(path) -> bool:
+    """Whether the parameter at ``path`` (a key path of the pure parameter dict) belongs to a compressor."""
+    return TRAINABLE_SUBTREE in [str(getattr(part, "key", part)) for part in path]
+
+
+class AHNBlock(nnx.Module):
+    """One layer of the base (parameter names as ``seqmodels.models.lm.Block``) and its compressor ``ahn``."""
+
+    def __init__(self, config: ModelConfig, rngs: nnx.Rngs):
+        self.mixer_norm = RMSNorm(config.d_model, eps=config.norm_eps)
+        self.mixer = Attention(config, window=None, num_sinks=0, rngs=rngs)
+        self.mlp_norm = RMSNorm(config.d_model, eps=config.norm_eps)
+        self.mlp = SwiGLU(config.d_model, config.mlp_hidden, rngs=rngs, std=config.init_std)
+        self.ahn = Compressor(config, rngs=rngs)
+
+    def _finish(self, x, heads):
+        x = x + self.mixer.out(heads)
+        return x + self.mlp(self.mlp_norm(x))
+
+    def full(self, x, positions):
+        """The teacher: the base layer with full causal attention."""
+        h = self.mixer_norm(x)
+        q, k, v, _ = self.mixer._project(h, positions)
+        return self._finish(x, attend(q, k, v))
+
+    def windowed(self, x, positions, *, ring, sinks, compress: bool = True):
+        """The student (``compress``) or sliding window + sinks alone; ``ring``/``sinks`` may be traced."""
+        h = self.mixer_norm(x)
+        q, k, v, _ = self.mixer._project(h, positions)
+        ones = jnp.ones(positions.shape, jnp.int32)
+        mask = visibility_mask(ones, positions, ones, positions, window=ring, num_sinks=sinks)
+        heads = attend(q, k, v, mask)
+        if compress:
+            heads = heads + self.ahn(h, q, k, v, ring=ring, sinks=sinks).astype(heads.dtype)
+        return self._finish(x, heads)
+
+    def decode(self, x, position, cache: dict, *, window: int, sinks: int):
+        """One token ``x [B, 1, D]`` at ``position`` (a scalar) through the layer; returns ``(x, cache)``."""
+        batch = x.shape[0]
+        ring = window - sinks
+        h = self.mixer_norm(x)
+        positions = jnp.full((batch, 1), position, jnp.int32)
+        q, k, v, _ = self.mixer._project(h, positions)
+        strength, log_decay = self.ahn.write_gates(h)
+        slot = jnp.where(position < sinks, position, sinks + (position - sinks) % ring)
+        leaving = position >= window  # the slot holds token position - ring, which now leaves the window
+        evicted = {"k": cache["k"][:, slot][:, None].astype(q.dtype), "v": cache["v"][:, slot][:, None].astype(q.dtype),
+                   "strength": jnp.where(leaving, cache["strength"][:, slot], 0.0)[:, None],
+                   "log_decay": jnp.where(leaving, cache["log_decay"][:, slot], 0.0)[:, None]}
+        memory, state = self.ahn.step(h, q, evicted, cache["state"])
+        cache = {"k": cache["k"].at[:, slot].set(k[:, 0].astype(cache["k"].dtype)),
+                 "v": cache["v"].at[:, slot].set(v[:, 0].astype(cache["v"].dtype)),
+                 "strength": cache["strength"].at[:, slot].set(strength[:, 0]),
+                 "log_decay": cache["log_decay"].at[:, slot].set(log_decay[:, 0]),
+                 "positions": cache["positions"].at[:, slot].set(position), "state": state}
+        mask = (cache["positions"] >= 0)[:, None, None, :]
+        heads = attend(q, cache["k"].astype(q.dtype), cache["v"].astype(q.dtype), mask)
+        return self._finish(x, heads + memory.astype(heads.dtype)), cache
+
+    def init_cache(self, batch_size: int, window: int, dtype) -> dict:
+        kv_shape = (batch_size, window, self.mixer.kv_heads, self.mixer.head_dim)
+        gate_shape = (batch_size, window, self.ahn.heads)
+        return {"k": jnp.zeros(kv_shape, dtype), "v": jnp.zeros(kv_shape, dtype),
+                "strength": jnp.zeros(gate_shape, jnp.float32), "log_decay": jnp.zeros(gate_shape, jnp.float32),
+                "positions": jnp.full((batch_size, window), -1, jnp.int32), "state": self.ahn.init_state(batch_size)}
+
+
+class AHNModel(nnx.Module):
+    """The frozen base with a compressor per layer (module docstring)."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        self.embed = param(rngs, (config.vocab_size, config.d_model), ("vocab", "embed"), std=config.init_std)
+        self.blocks = nnx.List([AHNBlock(config, rngs) for _ in config.mixers])
+        self.final_norm = RMSNorm(config.d_model, eps=config.norm_eps)
+        self.head = None if config.tie_embeddings else param(
+            rngs, (config.d_model, config.vocab_size), ("embed", "vocab"), std=config.init_std)
+
+    def hidden(self, tokens, *, window=None, sinks=0, compress: bool = True):
+        """Final-normed hidden states ``[B, T, D]``: the teacher (``window=None``), the student, or (``compress=
+        False``) sliding window + sinks alone. ``window``/``sinks`` may be traced integers."""
+        batch, length = tokens.shape
+        positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
+        x = jnp.take(self.embed.get_value(), tokens, axis=0).astype(jnp.dtype(self.config.compute_dtype))
+        for block in self.blocks:
+            if window is None:
+                x = block.full(x, positions)
+            else:
+                x = block.windowed(x, positions, ring=window - sinks, sinks=sinks, compress=compress)
+        return self.final_norm(x)
+
+    def head_matrix(self) -> jax.Array:
+        """``[D, vocab]``: the output projection (the embedding transposed when tied)."""
+        return self.embed.get_value().T if self.head is None else self.head.get_value()
+
+    def logits(self, hidden) -> jax.Array:
+        return jnp.dot(hidden, self.head_matrix().astype(hidden.dtype), preferred_element_type=jnp.float32)
+
+    def __call__(self, tokens, *, segment_ids=None, positions=None, cache=None):
+        """Student logits ``[B, T, vocab]`` at ``model.ahn.window`` / ``sinks``; with ``cache``, streaming decode."""
+        del segment_ids, positions  # one stream per row (module docstring)
+        settings = self.config.ahn
+        if cache is None:
+            return self.logits(self.hidden(tokens, window=settings.window, sinks=settings.sinks)), None
+        return self._stream(tokens, cache)
+
+    def _stream(self, tokens, cache):
+        settings = self.config.ahn
+        dtype = jnp.dtype(self.config.compute_dtype)
+
+        def step(carry, token):
+            position, layers = carry
+            x = jnp.take(self.embed.get_value(), token[:, None], axis=0).astype(dtype)
+            new_layers = []
+            for block, layer_cache in zip(self.blocks, layers):
+                x, layer_cache = block.decode(x, position, layer_cache, window=settings.window, sinks=settings.sinks)
+                new_layers.append(layer_cache)
+            return (position + 1, new_layers), self.logits(self.final_norm(x))[:, 0]
+
+        (position, layers), logits = jax.lax.scan(step, (cache["position"], cache["layers"]), tokens.T)
+        return logits.transpose(1, 0, 2), {"position": position, "layers": layers}
+
+    def init_cache(self, batch_size: int, max_len: int) -> dict:
+        """The bounded decoding cache: its size depends on ``model.ahn.window``, not on ``max_len``."""
+        del max_len
+        dtype = jnp.dtype(self.config.compute_dtype)
+        return {"position": jnp.zeros((), jnp.int32),
+                "layers": [block.init_cache(batch_size, self.config.ahn.window, dtype) for block in self.blocks]}
+
+    def train_window(self, batch: dict, length: int):
+        """``(window, sinks)`` of this step: fixed, or drawn from ``window_choices`` keyed by ``batch["step"]``."""
+        settings = self.config.ahn
+        if not settings.random_window:
+            return settings.window, settings.sinks
+        windows, sinks, valid = window_choices(length)
+        key = jax.random.fold_in(jax.random.key(0), batch.get("step", 0))
+        window_key, sink_key = jax.random.split(key)
+        row = jax.random.randint(window_key, (), 0, windows.shape[0])
+        column = jax.random.categorical(sink_key, jnp.where(valid[row], 0.0, -jnp.inf))
+        return windows[row], sinks[column]
+
+    def loss(self, batch: dict):
+        """Summed KL(teacher || student) over positions ``>= window`` (and ``loss_mask``), and their count.
+
+        ``batch["teacher_hidden"]`` (``[B, T, D]``, optional) replaces the teacher's forward pass."""
+        tokens = batch["inputs"]
+        window, sinks = self.train_window(batch, tokens.shape[1])
+        student = self.hidden(tokens, window=window, sinks=sinks)
+        teacher = batch.get("teacher_hidden")
+        teacher = jax.lax.stop_gradient(self.hidden(tokens) if teacher is None else teacher)
+        weights = (jnp.arange(tokens.shape[1]) >= window)[None, :] & (batch["loss_mask"] > 0)
+        weights = weights.astype(jnp.float32)
+        kl = chunked_kl(student, teacher, self.head_matrix(), weights, chunk=self.config.ahn.loss_chunk)
+        return kl, jnp.sum(weights)
+
+    def flops_per_token(self, seq_len: int) -> float:
+        return ahn_flops_per_token(self.config, seq_len)
+
+
+def ahn_flops_per_token(config: ModelConfig, seq_len: int, *, window: int | None = None,
+                        sinks: int | None = None) -> float:
+    """Forward FLOPs per token of the student at rows of ``seq_len``: per layer the attention over sinks + ring
+    (``seqmodels.mixers.attention``), the compressor (``compressor_flops_per_token``) and the MLP ``6 D F``,
+    plus the head ``2 D V``."""
+    window = config.ahn.window if window is None else window
+    sinks = config.ahn.sinks if sinks is None else sinks
+    per_layer = (attention_flops(config, seq_len, window - sinks, sinks) + compressor_flops_per_token(config, seq_len)
+                 + 6 * config.d_model * config.mlp_hidden)
+    return len(config.mixers) * per_layer + 2 * config.d_model * config.vocab_size

@@ -1,0 +1,142 @@
+"""AHN (seqmodels/models/ahn.py): eviction alignment, zero-init equivalence, streaming decode, config errors."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from seqmodels.config import ConfigError, ModelConfig
+from seqmodels.config_ahn import AHNConfig
+from seqmodels.config import SlidingWindowConfig
+from seqmodels.models import build_model, generate
+from seqmodels.models.ahn_compressor import COMPRESSORS
+from tests.seqmodels.models.ahn_fixtures import ahn_model, tokens, write_tiny_base
+
+COMPRESSOR_NAMES = sorted(COMPRESSORS)
+
+
+@pytest.fixture(scope="module")
+def tiny_base(tmp_path_factory):
+    return write_tiny_base(tmp_path_factory.mktemp("ahn") / "base")
+
+
+def oracle_memory(compressor, h, q, k, v, *, ring: int, sinks: int) -> np.ndarray:
+    """Token by token, from scratch for every query t: the state of the tokens sinks..t-ring, written in order
+    by the rule's equations (numpy float64), read with q_t; then the module's own gated read-out."""
+    qn, kn, vn = (np.asarray(a, np.float64) for a in compressor.features(q, k, v))
+    strength, log_decay = (np.asarray(a, np.float64) for a in compressor.write_gates(h))
+    batch, length, heads, dim = qn.shape
+    reads = np.zeros_like(qn)
+    for t in range(length):
+        state = np.zeros((batch, heads, dim, dim))
+        for s in range(sinks, t - ring + 1):
+            decay = np.exp(log_decay[:, s])[:, :, None, None]
+            key, value = kn[:, s], vn[:, s]
+            if compressor.rule.delta_rule:
+                state = decay * state
+                error = value - np.einsum("bhkv,bhk->bhv", state, key)
+                state = state + strength[:, s][:, :, None, None] * np.einsum("bhk,bhv->bhkv", key, error)
+            else:
+                state = decay * state + strength[:, s][:, :, None, None] * np.einsum("bhk,bhv->bhkv", key, value)
+        reads[:, t] = dim ** -0.5 * np.einsum("bhkv,bhk->bhv", state, qn[:, t])
+    return np.asarray(compressor.read_out(jnp.asarray(reads, jnp.float32), h))
+
+
+@pytest.mark.parametrize("name", COMPRESSOR_NAMES)
+@pytest.mark.parametrize("window,sinks", [(12, 3), (9, 0)])
+def test_chunked_compressor_reads_exactly_the_evicted_tokens_of_a_token_by_token_oracle(tiny_base, name, window,
+                                                                                          sinks):
+    directory, base_config, _ = tiny_base
+    model, _ = ahn_model(directory, base_config, compressor=name, window=window, sinks=sinks, random_readout=0.5)
+    block = model.blocks[0]
+    x = jnp.take(model.embed.get_value(), tokens(2, 41), axis=0)
+    h = block.mixer_norm(x)
+    positions = jnp.broadcast_to(jnp.arange(41), (2, 41))
+    q, k, v, _ = block.mixer._project(h, positions)
+    chunked = block.ahn(h, q, k, v, ring=window - sinks, sinks=sinks)
+    expected = oracle_memory(block.ahn, h, q, k, v, ring=window - sinks, sinks=sinks)
+    assert np.abs(expected[:, :window]).max() == 0.0  # nothing has left the window yet
+    assert np.abs(expected[:, window:]).max() > 1e-3
+    np.testing.assert_allclose(np.asarray(chunked), expected, rtol=2e-4, atol=2e-5)  # float32 chunked vs float64
+
+
+@pytest.mark.parametrize("name", COMPRESSOR_NAMES)
+def test_zero_initialised_student_equals_sliding_window_with_sinks(tiny_base, name):
+    directory, base_config, base_params = tiny_base
+    window, sinks = 16, 4
+    model, _ = ahn_model(directory, base_config, compressor=name, window=window, sinks=sinks)
+    swa_config = dataclasses.replace(base_config, mixers=("swa",) * 3,
+                                     swa=SlidingWindowConfig(window=window - sinks, num_sinks=sinks))
+    swa = nnx.merge(nnx.split(build_model(swa_config))[0], base_params)
+    row = tokens(2, 70)
+    student, _ = model(row)
+    reference, _ = swa(row)
+    np.testing.assert_array_equal(np.asarray(student), np.asarray(reference))
+    teacher = model.logits(model.hidden(row))
+    assert np.abs(np.asarray(teacher - student))[:, window:].max() > 1e-3  # the window does cut something
+
+
+@pytest.mark.parametrize("name", COMPRESSOR_NAMES)
+def test_streaming_decode_equals_the_full_student_forward_at_four_windows(tiny_base, name):
+    directory, base_config, _ = tiny_base
+    window, sinks = 12, 3
+    model, _ = ahn_model(directory, base_config, compressor=name, window=window, sinks=sinks, random_readout=0.5)
+    row = tokens(2, 4 * window)
+    full, _ = model(row)
+    produced, streamed = generate(model, row[:, :5], 4 * window - 5)
+    # feed the same tokens: generation picks its own, so stream the row itself through the cache
+    cache = model.init_cache(2, 4 * window)
+    stream_logits, _ = model(row, cache=cache)
+    np.testing.assert_allclose(np.asarray(stream_logits), np.asarray(full), rtol=2e-4, atol=2e-4)
+    assert produced.shape == (2, 4 * window) and streamed.shape == (2, 4 * window - 1, base_config.vocab_size)
+    # generate's own logits (prefill, then one per step) are the full student's logits of what it produced
+    regenerated, _ = model(produced)
+    np.testing.assert_allclose(np.asarray(streamed), np.asarray(regenerated[:, :-1]), rtol=2e-4, atol=2e-4)
+
+
+def cache_bytes(cache) -> int:
+    return sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(cache))
+
+
+def test_cache_bytes_do_not_grow_with_the_decoded_length(tiny_base):
+    directory, base_config, _ = tiny_base
+    window = 8
+    model, _ = ahn_model(directory, base_config, window=window, sinks=2, random_readout=0.5)
+    sizes = []
+    for length in (2 * window, 8 * window):
+        _, cache = model(tokens(1, length), cache=model.init_cache(1, length))
+        assert int(cache["position"]) == length
+        sizes.append(cache_bytes(cache))
+    assert sizes[0] == sizes[1] == cache_bytes(model.init_cache(1, 10 ** 6))
+
+
+def test_sinks_not_below_the_window_is_a_config_error_naming_the_key():
+    with pytest.raises(ConfigError, match=r"^model\.ahn\.sinks: 8 must be below model\.ahn\.window=8"):
+        AHNConfig(window=8, sinks=8)
+
+
+def test_a_base_with_recurrent_layers_is_refused_naming_model_ahn_base():
+    with pytest.raises(ConfigError, match=r"^model\.ahn\.base: layers of mixer 'gated_deltanet'"):
+        ModelConfig(kind="ahn", mixers=("attention", "gated_deltanet"))
+
+
+def test_scanned_or_rematerialised_ahn_layers_are_refused_naming_the_key():
+    with pytest.raises(ConfigError, match=r"^model\.scan_layers: must be false for model\.kind = ahn"):
+        ModelConfig(kind="ahn", scan_layers=True)
+    with pytest.raises(ConfigError, match=r"^model\.remat: must be none for model\.kind = ahn"):
+        ModelConfig(kind="ahn", remat="full")
+
+
+def test_a_run_directory_base_of_another_kind_is_refused(tmp_path):
+    from seqmodels.config_io import save_config
+    from seqmodels.config import Config
+    from seqmodels.models.ahn_base import base_model_config
+    (tmp_path / "run").mkdir()
+    save_config(Config(model=ModelConfig(kind="looped")), tmp_path / "run" / "config.yaml")
+    with pytest.raises(ConfigError, match=r"^model\.ahn\.base: the run .* is model\.kind='looped'"):
+        base_model_config(str(tmp_path / "run"), ModelConfig())
