@@ -1,4 +1,5 @@
-"""``load_pretrained(path) -> LM``: a Hugging Face Llama / Qwen2 directory as the project's Transformer++.
+"""``load_pretrained(path)``: a Hugging Face Llama / Qwen2 directory as the project's Transformer++, or a
+``model_type: seqmodels`` export (``seqmodels.export.writer``) as the model it was exported from.
 
 The directory holds ``config.json`` (mapped by ``seqmodels.hf.config_map``) and ``model.safetensors``
 or shards listed by ``model.safetensors.index.json``; every tensor is checked against the shape the
@@ -8,6 +9,7 @@ checkpoints are widened exactly).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -21,7 +23,6 @@ from seqmodels.hf.directory import hf_directory
 from seqmodels.hf.errors import HFFormatError
 from seqmodels.hf.param_map import get_path, set_path, tensor_rules
 from seqmodels.hf.safetensors_io import SafetensorsCheckpoint
-from seqmodels.models.lm import LM
 from seqmodels.training.state import abstract_model
 
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some older checkpoints store; recomputed from rope_theta
@@ -37,10 +38,20 @@ def read_json(path: Path) -> dict:
     return value
 
 
+SEQMODELS_MODEL_TYPE = "seqmodels"
+RUN_SETTINGS = ("compute_dtype", "kernel_impl", "remat")  # what ``base`` sets in a seqmodels export's config
+
+
 def load_model_config(path, base: ModelConfig | None = None) -> ModelConfig:
     """The ``ModelConfig`` of the directory's ``config.json`` (non-architecture settings from ``base``)."""
     config_path = hf_directory(path) / "config.json"
-    return model_config_from_hf(read_json(config_path), str(config_path), base)
+    hf = read_json(config_path)
+    if hf.get("model_type") == SEQMODELS_MODEL_TYPE:
+        from seqmodels.export.writer import seqmodels_model_config
+        config = seqmodels_model_config(hf, str(config_path))
+        return config if base is None else dataclasses.replace(
+            config, **{name: getattr(base, name) for name in RUN_SETTINGS})
+    return model_config_from_hf(hf, str(config_path), base)
 
 
 def _check_names(checkpoint: SafetensorsCheckpoint, config: ModelConfig, wanted: set[str]) -> None:
@@ -76,8 +87,9 @@ def load_pretrained_params(path, config: ModelConfig) -> dict:
     return params
 
 
-def load_pretrained(path, *, base: ModelConfig | None = None) -> LM:
-    """The ``LM`` of the Hugging Face directory ``path`` (a ``LlamaForCausalLM`` / ``Qwen2ForCausalLM``).
+def load_pretrained(path, *, base: ModelConfig | None = None):
+    """The model of the Hugging Face directory ``path``: the ``LM`` of a ``LlamaForCausalLM`` /
+    ``Qwen2ForCausalLM``, or the ``LM`` / ``LoopedModel`` of a seqmodels export (bitwise its parameters).
 
     ``model.config`` is the ``ModelConfig`` built from ``config.json``; ``base`` supplies the settings
     that are not the architecture (e.g. ``compute_dtype``). Raises ``HFFormatError`` naming the file and
@@ -85,6 +97,10 @@ def load_pretrained(path, *, base: ModelConfig | None = None) -> LM:
     tensor whose shape does not match the config.
     """
     config = load_model_config(path, base)
-    params = load_pretrained_params(path, config)
+    if read_json(hf_directory(path) / "config.json").get("model_type") == SEQMODELS_MODEL_TYPE:
+        from seqmodels.export.writer import read_seqmodels_params
+        params = read_seqmodels_params(hf_directory(path), config)
+    else:
+        params = load_pretrained_params(path, config)
     graphdef, _ = abstract_model(config)
     return nnx.merge(graphdef, params)

@@ -10,24 +10,38 @@ from pathlib import Path
 from seqmodels.hf.errors import HFFormatError
 
 
-def check_new_directory(out_dir: Path, flag: str = "--out") -> None:
-    """``HFFormatError`` unless ``out_dir`` is absent or an empty directory (a user's files are never replaced)."""
-    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
-        raise HFFormatError(f"{out_dir}: already exists and is not an empty directory; choose a new {flag}")
+def check_new_directory(out_dir: Path, flag: str = "--out", *, force: bool = False) -> None:
+    """``HFFormatError`` unless ``out_dir`` is absent or an empty directory (a user's files are never replaced).
+
+    With ``force`` an existing directory may be replaced (never a file).
+    """
+    if out_dir.exists() and not out_dir.is_dir():
+        raise HFFormatError(f"{out_dir}: already exists and is not a directory; choose a new {flag}")
+    if not force and out_dir.exists() and any(out_dir.iterdir()):
+        raise HFFormatError(f"{out_dir}: already exists and is not an empty directory; choose a new {flag} "
+                            "(or pass --force to replace it)")
 
 
-def write_new_directory(out_dir: Path, write: Callable[[Path], None]) -> Path:
-    """Call ``write(staging)`` on a temporary directory beside ``out_dir``, then rename it to ``out_dir``."""
-    check_new_directory(out_dir)
+def write_new_directory(out_dir: Path, write: Callable[[Path], None], *, force: bool = False) -> Path:
+    """Call ``write(staging)`` on a temporary directory beside ``out_dir``, then rename it to ``out_dir``.
+
+    With ``force`` an existing ``out_dir`` is replaced, and only once ``write`` has completed: it is
+    moved aside, the staging directory renamed in, then the old one deleted.
+    """
+    check_new_directory(out_dir, force=force)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
         write(staging)
-        if out_dir.exists():
-            out_dir.rmdir()
         staging.chmod(0o755)
-        staging.rename(out_dir)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    previous = None
+    if out_dir.exists():
+        previous = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old.", dir=out_dir.parent))
+        out_dir.rename(previous / "replaced")
+    staging.rename(out_dir)
+    if previous is not None:
+        shutil.rmtree(previous, ignore_errors=True)
     return out_dir

@@ -1,0 +1,206 @@
+"""Atlas (and Titans, OmegaNet) and the MAG / MAL hybrids in PyTorch: the JAX ``seqmodels.mixers.atlas``.
+
+Per head (head dimension D), token by token (``pallas_kernels/atlas_memory/reference.py``'s ``step``)::
+
+    q, k, v = silu(conv(W_qkv x)), q, k <- q / ||q||, k / ||k||;  alpha, theta, eta, gamma = lo + (hi - lo) sigmoid(W x + b)
+    base      = M at the first token of the current chunk of b row positions (M before its update)
+    G_t       = sum_{i = t-c+1}^{t} gamma_i clip_tau(grad_M ||M(phi(k_i)) - v_i||^2 at base)     (Omega window c)
+    S_t       = theta_t S_{t-1} - eta_t G_t,   M_t = alpha_t M_{t-1} + NS_k(S_t)      (eta_scales = gradient)
+    S_t       = theta_t S_{t-1} - G_t,         M_t = alpha_t M_{t-1} + eta_t NS_k(S_t)  (eta_scales = update)
+    y_t       = W_o concat_h(RMSNorm(M_t(phi(q_t))) * silu(W_g x))
+
+with ``phi`` the polynomial features (degree p: ``[c_1 k, c_2 (k_:R (x) k_:R), ...]``), ``M`` a matrix
+``W [F, D]`` or the MLP ``phi[:D] + silu(phi W1) W2``, the gradients in closed form (outer products) and
+``NS_k`` applied to the deep memory's ``W1`` and zero-padded ``W2^T`` stacked, as the JAX op does.
+
+    atlas_mag:  y = g * SWA(x) + (1 - g) * Atlas(x),   g = sigmoid(W_gate x + b)
+    atlas_mal:  m = Atlas(x);  y = m + SWA(RMSNorm(x + m))
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .attention_seqmodels import Attention
+from .layers_seqmodels import RMSNorm, ShortConv, l2_normalize
+from .newton_schulz_seqmodels import newton_schulz
+
+GATES = ("alpha", "theta", "eta", "gamma")
+
+
+def memory_shapes(model: dict) -> tuple[int, int, int]:
+    """``(features F, values D, hidden E)`` of one head's memory (E = 0: linear memory)."""
+    atlas, head_dim = model["atlas"], model["d_model"] // model["num_heads"]
+    features = head_dim + sum(atlas["poly_key_dim"] ** i for i in range(2, atlas["poly_degree"] + 1))
+    hidden = atlas["memory_expansion"] * head_dim if atlas["memory_depth"] == 2 else 0
+    return features, head_dim, hidden
+
+
+def feature_map(keys: torch.Tensor, coefficients: torch.Tensor | None, poly_key_dim: int) -> torch.Tensor:
+    """``phi(keys [..., H, K])`` with ``coefficients [H, p]`` (None: identity) -> ``[..., H, F]``."""
+    if coefficients is None:
+        return keys
+    reduced, power = keys[..., :poly_key_dim], keys[..., :poly_key_dim]
+    blocks = [coefficients[:, 0:1] * keys]
+    for i in range(2, coefficients.shape[-1] + 1):
+        power = (power[..., :, None] * reduced[..., None, :]).reshape(*keys.shape[:-1], -1)
+        blocks.append(coefficients[:, i - 1:i] * power)
+    return torch.cat(blocks, dim=-1)
+
+
+def memory_apply(weights, phi: torch.Tensor, value_dim: int) -> torch.Tensor:
+    """``M(phi)`` for weights ``[..., m, n]`` and ``phi [..., F]`` -> ``[..., D]``."""
+    if len(weights) == 1:
+        return torch.einsum("...m,...mn->...n", phi, weights[0])
+    hidden = F.silu(torch.einsum("...m,...mn->...n", phi, weights[0]))
+    return phi[..., :value_dim] + torch.einsum("...m,...mn->...n", hidden, weights[1])
+
+
+def gradient_factors(weights, phi, values, value_dim: int):
+    """``((left, right), ...)``: ``grad_W l = left (x) right`` per weight matrix (closed form)."""
+    if len(weights) == 1:
+        return ((phi, 2.0 * (torch.einsum("...m,...mn->...n", phi, weights[0]) - values)),)
+    w1, w2 = weights
+    pre = torch.einsum("...m,...mn->...n", phi, w1)
+    hidden = F.silu(pre)
+    grad_out = 2.0 * (phi[..., :value_dim] + torch.einsum("...e,...ev->...v", hidden, w2) - values)
+    sigmoid = torch.sigmoid(pre)
+    grad_pre = torch.einsum("...ev,...v->...e", w2, grad_out) * (sigmoid * (1.0 + pre * (1.0 - sigmoid)))
+    return ((phi, grad_pre), (hidden, grad_out))
+
+
+class Atlas(nn.Module):
+    def __init__(self, model: dict):
+        super().__init__()
+        atlas, heads, d_model = model["atlas"], model["num_heads"], model["d_model"]
+        self.heads, self.head_dim = heads, d_model // heads
+        self.features, _, self.hidden = memory_shapes(model)
+        self.window, self.chunk_size, self.grad_clip = atlas["window"], atlas["chunk_size"], atlas["grad_clip"]
+        self.ns_steps, self.ns_coefficients = atlas["ns_steps"], atlas["ns_coefficients"]
+        scales = atlas["eta_scales"]
+        self.eta_on_update = scales == "update" or (scales == "auto" and atlas["ns_steps"] > 0)
+        self.poly_key_dim = atlas["poly_key_dim"]
+        self.ranges = tuple(tuple(atlas[f"{name}_range"]) for name in GATES)
+        self.projection = nn.Linear(d_model, heads * 4 * self.head_dim, bias=False)
+        self.conv = ShortConv(3 * heads * self.head_dim, atlas["conv_size"])
+        self.gates = nn.Linear(d_model, heads * len(GATES), bias=True)
+        degree = atlas["poly_degree"]
+        self.poly_coefficients = None if degree == 1 else nn.Parameter(torch.zeros(heads, degree))
+        shapes = ((self.features, self.hidden), (self.hidden, self.head_dim)) if self.hidden else \
+            ((self.features, self.head_dim),)
+        self.initial_memory = nn.ParameterList([nn.Parameter(torch.zeros(heads, m, n)) for m, n in shapes])
+        self.out_norm = RMSNorm(self.head_dim, model["norm_eps"])
+        self.out = nn.Linear(heads * self.head_dim, d_model, bias=False)
+
+    def _inputs(self, x, cache):
+        batch, length = x.shape[:2]
+        projected = self.projection(x).reshape(batch, length, self.heads, 4, self.head_dim)
+        qkv = projected[:, :, :, :3].reshape(batch, length, -1)
+        mixed, history = self.conv(qkv, None if cache is None else cache.get("conv"))
+        if cache is not None:
+            cache["conv"] = history
+        mixed = F.silu(mixed.float()).reshape(batch, length, self.heads, 3, self.head_dim)
+        q, k, v = l2_normalize(mixed[:, :, :, 0]), l2_normalize(mixed[:, :, :, 1]), mixed[:, :, :, 2]
+        gates = torch.sigmoid(self.gates(x).float()).reshape(batch, length, self.heads, len(GATES))
+        alpha, theta, eta, gamma = (low + (high - low) * gates[..., i] for i, (low, high) in enumerate(self.ranges))
+        coefficients = None if self.poly_coefficients is None else self.poly_coefficients.float()
+        phi_k, phi_q = (feature_map(t, coefficients, self.poly_key_dim) for t in (k, q))
+        return (phi_k, v, phi_q, alpha, theta, eta, gamma), projected[:, :, :, 3]
+
+    def _initial_state(self, batch: int, device) -> dict:
+        memory = tuple(w.float().expand(batch, *w.shape).clone() for w in self.initial_memory)
+        window = (batch, self.window, self.heads)
+        return {"memory": memory, "chunk_memory": memory, "momentum": tuple(torch.zeros_like(w) for w in memory),
+                "window_keys": torch.zeros(*window, self.features, device=device),
+                "window_values": torch.zeros(*window, self.head_dim, device=device),
+                "window_weights": torch.zeros(window, device=device), "position": 0}
+
+    def _window_gradient(self, base, keys, values, weights):
+        """``G = sum_i w_i clip(grad l(base; k_i, v_i))`` over the window axis 1 of ``keys [B, c, H, F]``."""
+        expanded = tuple(w[:, None] for w in base)
+        factors = gradient_factors(expanded, keys, values, self.head_dim)
+        norm_sq = sum(left.square().sum(-1) * right.square().sum(-1) for left, right in factors)
+        clip = torch.ones_like(norm_sq) if self.grad_clip == 0 else \
+            self.grad_clip * torch.rsqrt(torch.clamp_min(norm_sq, self.grad_clip**2))
+        scale = weights * clip
+        return tuple(torch.einsum("bch,bchm,bchn->bhmn", scale, left, right) for left, right in factors)
+
+    def _orthogonalize(self, momentum):
+        if self.ns_steps == 0:
+            return momentum
+        run = dict(steps=self.ns_steps, coefficients=self.ns_coefficients)
+        if len(momentum) == 1:
+            return (newton_schulz(momentum[0], **run),)
+        w1, w2 = momentum
+        w2t = F.pad(w2.transpose(-1, -2), (0, 0, 0, self.features - self.head_dim))
+        result = newton_schulz(torch.stack([w1, w2t], dim=-3), **run)
+        return result[..., 0, :, :], result[..., 1, :self.head_dim, :].transpose(-1, -2)
+
+    def _step(self, state, token):
+        phi_k, values, phi_q, alpha, theta, eta, gamma = token
+        if state["position"] % self.chunk_size == 0:
+            state["chunk_memory"] = state["memory"]
+        for name, new in (("window_keys", phi_k), ("window_values", values), ("window_weights", gamma)):
+            state[name] = torch.cat([state[name][:, 1:], new[:, None]], dim=1)
+        gradient = self._window_gradient(state["chunk_memory"], state["window_keys"], state["window_values"],
+                                         state["window_weights"])
+        gradient_scale = 1.0 if self.eta_on_update else eta[..., None, None]
+        momentum = tuple(theta[..., None, None] * s - gradient_scale * g for s, g in zip(state["momentum"], gradient))
+        update_scale = eta[..., None, None] if self.eta_on_update else 1.0
+        memory = tuple(alpha[..., None, None] * m + update_scale * n
+                       for m, n in zip(state["memory"], self._orthogonalize(momentum)))
+        state.update(memory=memory, momentum=momentum, position=state["position"] + 1)
+        return memory_apply(memory, phi_q, self.head_dim)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: dict | None = None):
+        del positions  # a recurrence
+        inputs, output_gate = self._inputs(x, cache)
+        state = cache.get("memory") if cache is not None else None
+        state = state if state is not None else self._initial_state(x.shape[0], x.device)
+        outputs = [self._step(state, tuple(t[:, i] for t in inputs)) for i in range(x.shape[1])]
+        if cache is not None:
+            cache["memory"] = state
+        y = self.out_norm(torch.stack(outputs, dim=1).to(x.dtype), gate=output_gate)
+        return self.out(y.reshape(*x.shape[:2], -1)), cache
+
+
+def _sliding_window(model: dict) -> Attention:
+    return Attention(model, window=model["swa"]["window"], num_sinks=model["swa"]["num_sinks"])
+
+
+def _branch_caches(cache: dict | None):
+    if cache is None:
+        return None, None
+    return cache.setdefault("memory", {}), cache.setdefault("attention", {})
+
+
+class AtlasMAG(nn.Module):
+    def __init__(self, model: dict):
+        super().__init__()
+        self.memory, self.attention = Atlas(model), _sliding_window(model)
+        self.gate = nn.Linear(model["d_model"], model["d_model"], bias=True)
+
+    def forward(self, x, positions, cache=None):
+        memory_cache, attention_cache = _branch_caches(cache)
+        memory = self.memory(x, positions, memory_cache)[0]
+        attended = self.attention(x, positions, attention_cache)[0]
+        gate = torch.sigmoid(self.gate(x))
+        return gate * attended + (1 - gate) * memory, cache
+
+
+class AtlasMAL(nn.Module):
+    def __init__(self, model: dict):
+        super().__init__()
+        self.memory, self.attention = Atlas(model), _sliding_window(model)
+        self.attention_norm = RMSNorm(model["d_model"], model["norm_eps"])
+
+    def forward(self, x, positions, cache=None):
+        memory_cache, attention_cache = _branch_caches(cache)
+        memory = self.memory(x, positions, memory_cache)[0]
+        attended = self.attention(self.attention_norm(x + memory), positions, attention_cache)[0]
+        return memory + attended, cache
+
+
+ATLAS_MIXERS = {"atlas": Atlas, "atlas_mag": AtlasMAG, "atlas_mal": AtlasMAL}

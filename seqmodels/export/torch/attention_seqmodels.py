@@ -1,0 +1,91 @@
+"""Softmax attention (``attention``, ``swa``) in PyTorch: the JAX ``seqmodels.mixers.attention``.
+
+    q_t = R(t) n_q(Conv(W_q x)_t),  k_s = R(s) n_k(Conv(W_k x)_s),  v_s = Conv(W_v x)_s
+    y_t = W_o concat_h( sum_{s visible from t} softmax_s(q_t . k_s / sqrt(Dh)) v_s )
+    visible(t, s) = s <= t (causal)  and  (t - s < window  or  s < num_sinks)   (sliding window)
+
+The convolution (``model.attention.conv_kernel``) and the q/k norms (``qk_norm``) are optional;
+keys and values may have fewer heads (grouped-query attention). The decoding cache holds the keys,
+values and positions still visible to a later query: every one for full attention, the sinks and
+the last ``window`` for a sliding window.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .layers_seqmodels import RMSNorm, ShortConv, apply_rotary
+
+
+def visible(q_positions: torch.Tensor, k_positions: torch.Tensor, *, window: int | None, num_sinks: int,
+            causal: bool) -> torch.Tensor:
+    """Boolean ``[Tq, Tk]``: which keys each query sees (the rule of the module docstring)."""
+    q, k = q_positions[:, None], k_positions[None, :]
+    mask = k <= q if causal else torch.ones_like(q == k)
+    if window is not None:
+        mask = mask & ((q - k < window) | (k < num_sinks))
+    return mask
+
+
+class Attention(nn.Module):
+    def __init__(self, model: dict, *, window: int | None, num_sinks: int):
+        super().__init__()
+        settings = model["attention"]
+        heads, d_model = model["num_heads"], model["d_model"]
+        self.heads, self.kv_heads = heads, settings["num_kv_heads"] or heads
+        self.head_dim = settings["head_dim"] or d_model // heads
+        self.theta, self.window, self.num_sinks, self.causal = settings["rope_theta"], window, num_sinks, settings["causal"]
+        bias = settings["qkv_bias"]
+        self.query = nn.Linear(d_model, heads * self.head_dim, bias=bias)
+        self.key = nn.Linear(d_model, self.kv_heads * self.head_dim, bias=bias)
+        self.value = nn.Linear(d_model, self.kv_heads * self.head_dim, bias=bias)
+        self.out = nn.Linear(heads * self.head_dim, d_model, bias=False)
+        norm = settings["qk_norm"]
+        self.q_norm = RMSNorm(self.head_dim, model["norm_eps"]) if norm else None
+        self.k_norm = RMSNorm(self.head_dim, model["norm_eps"]) if norm else None
+        kernel = settings["conv_kernel"]
+        self.convs = nn.ModuleList([ShortConv(width * self.head_dim, kernel)
+                                    for width in (heads, self.kv_heads, self.kv_heads)]) if kernel else None
+
+    def _project(self, x, positions, cache):
+        batch, length = x.shape[:2]
+        projected = [self.query(x), self.key(x), self.value(x)]
+        if self.convs is not None:
+            for i, (name, conv) in enumerate(zip("qkv", self.convs)):
+                projected[i], history = conv(projected[i], None if cache is None else cache.get(f"conv_{name}"))
+                if cache is not None:
+                    cache[f"conv_{name}"] = history
+        q, k, v = (p.reshape(batch, length, -1, self.head_dim) for p in projected)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        return apply_rotary(q, positions, self.theta), apply_rotary(k, positions, self.theta), v
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: dict | None = None):
+        """``x [B, T, D]`` at ``positions [T]`` -> ``(y [B, T, D], cache)``; ``cache`` is a dict updated in place."""
+        q, k, v = self._project(x, positions, cache)
+        k_positions = positions
+        if cache is not None:
+            if not self.causal:
+                raise ValueError("bidirectional attention (model.attention.causal = false) cannot decode from a cache")
+            if "k" in cache:
+                k, v = torch.cat([cache["k"], k], dim=1), torch.cat([cache["v"], v], dim=1)
+                k_positions = torch.cat([cache["positions"], positions])
+            keep = self._still_visible(k_positions, positions[-1])
+            cache.update(k=k[:, keep], v=v[:, keep], positions=k_positions[keep])
+        mask = visible(positions, k_positions, window=self.window, num_sinks=self.num_sinks, causal=self.causal)
+        groups = self.heads // self.kv_heads
+        k, v = k.repeat_interleave(groups, dim=2), v.repeat_interleave(groups, dim=2)
+        scores = torch.einsum("bthd,bshd->bhts", q.float(), k.float()) / math.sqrt(self.head_dim)
+        scores = scores.masked_fill(~mask, float("-inf"))
+        weights = torch.softmax(scores, dim=-1)
+        out = torch.einsum("bhts,bshd->bthd", weights, v.float()).to(x.dtype)
+        return self.out(out.reshape(*x.shape[:2], -1)), cache
+
+    def _still_visible(self, k_positions: torch.Tensor, newest: torch.Tensor) -> torch.Tensor:
+        """Which cached keys a query after ``newest`` can still see: all (full), sinks + last window (swa)."""
+        if self.window is None:
+            return torch.ones_like(k_positions, dtype=torch.bool)
+        return (k_positions < self.num_sinks) | (k_positions > newest - self.window)
