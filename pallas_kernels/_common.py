@@ -12,25 +12,48 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
-IMPLS = ("auto", "reference", "xla", "pallas")
+IMPLS = ("auto", "reference", "xla", "pallas", "pallas_triton", "pallas_tpu")
+# Pallas kernel families and the platform each compiles for: Triton (GPU) and Mosaic (TPU).
+KERNEL_PLATFORMS = {"pallas_triton": "gpu", "pallas_tpu": "tpu"}
+
+
+def target_platform() -> str:
+    """``"cpu"``, ``"gpu"`` or ``"tpu"``: what code is being built for. The abstract device of the current
+    abstract mesh when one is set (ahead-of-time lowering for a TPU topology or a GPU from a CPU
+    machine, ``jax.set_mesh`` / ``jax.sharding.use_abstract_mesh``), else the default backend."""
+    device = jax.sharding.get_abstract_mesh().abstract_device
+    platform = device.platform if device is not None else jax.default_backend()
+    return {"cuda": "gpu", "rocm": "gpu"}.get(platform, platform)
 
 
 def _target_is_cpu() -> bool:
-    """Whether code is being built for a CPU: the abstract device of the current abstract mesh when
-    one is set (ahead-of-time lowering for a GPU from a CPU machine, ``jax.sharding.use_abstract_mesh``),
-    else the default backend."""
-    device = jax.sharding.get_abstract_mesh().abstract_device
-    if device is not None:
-        return device.platform == "cpu"
-    return jax.default_backend() == "cpu"
+    return target_platform() == "cpu"
 
 
-def resolve_impl(impl: str) -> str:
-    """Map ``impl`` to a concrete implementation: ``auto`` is ``pallas`` on GPU/TPU, ``xla`` on CPU."""
+def resolve_impl(impl: str, kernels: Sequence[str] = ("pallas_triton",)) -> str:
+    """Map ``impl`` to a concrete implementation: ``reference``, ``xla``, ``pallas_triton`` or ``pallas_tpu``.
+
+    ``kernels`` lists the Pallas families the op has. ``auto`` is the target platform's family
+    (Triton kernels on GPU, Mosaic kernels on TPU) when the op has it, else ``xla``; on CPU it is
+    ``xla``. ``pallas`` is the target platform's family (on CPU the Triton kernels, in interpret
+    mode). An explicit family runs on its own platform or, in interpret mode, on CPU; never a kernel
+    compiled for another platform.
+    """
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    platform = target_platform()
+    native = {"gpu": "pallas_triton", "tpu": "pallas_tpu"}.get(platform)
     if impl == "auto":
-        return "xla" if _target_is_cpu() else "pallas"
+        return native if native in kernels else "xla"
+    if impl == "pallas":
+        impl = native or "pallas_triton"
+    if impl in KERNEL_PLATFORMS:
+        if impl not in kernels:
+            raise ValueError(f"impl={impl!r}: this op has no {impl} kernels (it has {tuple(kernels) or 'none'}); "
+                             "use impl='auto' or 'xla'")
+        if platform != "cpu" and KERNEL_PLATFORMS[impl] != platform:
+            raise ValueError(f"impl={impl!r} compiles for {KERNEL_PLATFORMS[impl]}, but the target is {platform}; "
+                             "use impl='auto' or 'pallas' (the target's own kernels)")
     return impl
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Creates .venv with Python 3.12, installs requirements.txt into it, then this project in editable mode
-# (seqmodels, pallas_kernels, benchmarks, experiments importable from anywhere; no script edits sys.path).
+# (seqmodels, pallas_kernels, benchmarks, experiments importable from anywhere; no script edits sys.path),
+# then libtpu into .libtpu/ for compiling ahead of time for TPU topologies on this machine.
 # Usage: bash scripts/setup.sh        (from the repository root; safe to re-run)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,4 +36,11 @@ echo "setup: using $python ($("$python" --version))"
 .venv/bin/python -m pip install --quiet -r requirements.txt
 .venv/bin/python -m pip install --quiet --no-deps -r requirements-no-deps.txt
 .venv/bin/python -m pip install --quiet -e .
+# libtpu (requirements-tpu.txt) into .libtpu/, not the venv: only processes given PYTHONPATH=.libtpu
+# (the ahead-of-time TPU compiler, its tests) see it. SEQMODELS_SKIP_LIBTPU=1 leaves it out.
+libtpu_version=$(sed -n 's/^libtpu==//p' requirements-tpu.txt)
+if [ "${SEQMODELS_SKIP_LIBTPU:-0}" != 1 ] && [ ! -d ".libtpu/libtpu-${libtpu_version}.dist-info" ]; then
+  rm -rf .libtpu
+  .venv/bin/python -m pip install --quiet --no-deps --target .libtpu -r requirements-tpu.txt
+fi
 echo "setup: done. Run the tests with: .venv/bin/python -m pytest"

@@ -20,6 +20,9 @@ from seqmodels.config_mixers import (  # noqa: F401  (sections of ModelConfig, r
     AtlasConfig, AttentionConfig, DeltaNetConfig, LonghornConfig, LoopedConfig, Mamba2Config, MuonSSMConfig,
     SlidingWindowConfig)
 
+# pallas_kernels implementations (pallas_kernels._common.IMPLS).
+KernelImpl = Literal["auto", "reference", "xla", "pallas", "pallas_triton", "pallas_tpu"]
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -38,8 +41,10 @@ class ModelConfig:
     max_seq_len: int = describe("longest sequence the model accepts (training rows and decoding)", 4096)
     compute_dtype: Literal["float32", "bfloat16"] = describe("activation / matmul dtype (params stay float32)",
                                                              "float32")
-    kernel_impl: Literal["auto", "xla", "pallas", "reference"] = describe(
-        "pallas_kernels implementation for recurrent mixers", "auto")
+    kernel_impl: KernelImpl = describe(
+        "pallas_kernels implementation for recurrent mixers: auto (the platform's Pallas kernels on GPU / TPU "
+        "where the op has them, else xla), xla, pallas (the platform's kernels), pallas_triton, pallas_tpu "
+        "(one family; on CPU in interpret mode), reference", "auto")
     remat: Literal["none", "full", "dots", "names"] = describe("rematerialisation per layer", "none")
     scan_layers: bool = describe("run the repeated group of model.mixers as one lax.scan over stacked "
                                  "parameters (compile time independent of depth)", False)
@@ -277,6 +282,7 @@ class OptimConfig:
     muon_momentum: float = describe("muon: momentum of the gradient EMA", 0.95)
     muon_ns_steps: int = describe("muon: Newton-Schulz steps", 5)
     muon_per_head: bool = describe("muon: orthogonalise each attention head's block on its own", False)
+    muon_impl: KernelImpl = describe("muon: Newton-Schulz implementation (as model.kernel_impl)", "auto")
     muon_adam_learning_rate: float = describe(
         "muon: peak learning rate of the AdamW group (embeddings, head, norms, biases); 0 = learning_rate", 0.0)
 

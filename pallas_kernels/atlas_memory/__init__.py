@@ -29,7 +29,8 @@ Forms (``impl``): ``reference`` (``reference.py``: ``step`` scanned over the row
 ``jax.grad`` and Newton-Schulz by its reference: slow and obviously right), ``xla`` (``xla.py``: the
 chunk-parallel form around ``linear_scan`` and ``newton_schulz``, whose own ``impl`` is the same
 value), ``pallas`` (the chunk-parallel form on the Pallas ``linear_scan`` / ``newton_schulz``
-kernels; no fused Atlas kernel yet), ``auto`` (``pallas`` on GPU, ``xla`` on CPU).
+kernels; no fused Atlas kernel yet), ``auto`` (each composed op's own choice: on TPU the Mosaic
+Newton-Schulz kernel and the ``xla`` scans).
 ``atlas_memory_step`` advances a decoding state by the given tokens, one at a time.
 
 Shapes: ``phi_k, phi_q [B, T, H, F]``, ``values [B, T, H, V]``, gates ``[B, T, H]``, ``segment_ids
@@ -54,6 +55,13 @@ __all__ = ["AtlasInputs", "AtlasSettings", "MemoryLayout", "atlas_memory", "atla
 init_state = reference.init_state
 
 
+def _checked_impl(impl: str) -> str:
+    """``impl`` after checking it names an implementation; the ops composed here (``linear_scan``,
+    ``newton_schulz``) each resolve it for themselves, so ``auto`` gets every op's own fastest form."""
+    _common.resolve_impl(impl, _common.KERNEL_PLATFORMS)
+    return impl
+
+
 def _check(inputs, initial_memory, settings, partition_spec) -> None:
     if not isinstance(settings, AtlasSettings):
         raise ValueError(f"settings must be an AtlasSettings, got {type(settings).__name__}")
@@ -73,8 +81,7 @@ def atlas_memory(inputs: AtlasInputs, initial_memory: tuple, settings: AtlasSett
       partition_spec: how the ``[B, T, H, ...]`` inputs are sharded, e.g. ``P(("data", "fsdp"), None, "tensor")``.
     """
     _check(inputs, initial_memory, settings, partition_spec)
-    impl = _common.resolve_impl(impl)
-    if impl == "reference":
+    if _common.resolve_impl(impl, _common.KERNEL_PLATFORMS) == "reference":
         return reference.reference(inputs, initial_memory, settings)
     return xla.chunked(inputs, initial_memory, settings, impl=impl, partition_spec=partition_spec)
 
@@ -91,4 +98,4 @@ def atlas_memory_step(state: dict, inputs: AtlasInputs, initial_memory: tuple, s
     starts = starts.at[:, 0].set(False)  # the first token continues the state's document
     spec = None if partition_spec is None else PartitionSpec(*batch_and_heads(partition_spec))  # [B, H] leads
     return reference.run_steps(state, inputs, initial_memory, settings, starts, valid,
-                               impl=_common.resolve_impl(impl), ns_spec=spec)
+                               impl=_checked_impl(impl), ns_spec=spec)

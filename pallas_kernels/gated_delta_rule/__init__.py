@@ -70,13 +70,11 @@ def _leading_specs(partition_spec):
     return entries[0], entries[2]
 
 
+KERNELS = ("pallas_triton",)  # Pallas families of this op (``_common.resolve_impl``)
+
+
 def _resolve(impl: str) -> str:
-    resolved = _common.resolve_impl(impl)
-    if resolved == "pallas" and jax.default_backend() == "tpu":
-        if impl == "auto":
-            return "xla"
-        raise ValueError("impl='pallas' has no TPU kernel for gated_delta_rule; use 'xla' on TPU")
-    return resolved
+    return _common.resolve_impl(impl, KERNELS)
 
 
 def gated_delta_rule(

@@ -48,7 +48,7 @@ def _check(a, b, initial, reverse, partition_spec) -> None:
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
 def _scan(a, b, initial, reverse: bool, impl: str):
-    if impl == "pallas":
+    if impl == "pallas_triton":
         return triton.scan_forward(a, b, initial, reverse)
     return xla.scan_forward(a, b, initial, reverse).astype(jnp.result_type(a, b))
 
@@ -60,7 +60,7 @@ def _scan_fwd(a, b, initial, reverse, impl):
 
 def _scan_bwd(reverse, impl, residuals, dh):
     a, h, initial, b_dtype_marker = residuals
-    if impl == "pallas":
+    if impl == "pallas_triton":
         da, db, dinitial = triton.scan_backward(a, h, initial, dh, reverse, db_dtype=b_dtype_marker.dtype)
     else:
         da, db, dinitial = xla.scan_backward(a, h, initial, dh, reverse)

@@ -61,7 +61,7 @@ def momentum_scalar_decay(q, k, v, log_decay, log_momentum_decay, *, scale: floa
     _check(q, k, v, {"log_decay": log_decay, "log_momentum_decay": log_momentum_decay}, initial_state,
            initial_momentum, scale, chunk_size)
     states = dict(initial_state=initial_state, initial_momentum=initial_momentum)
-    if _common.resolve_impl(impl) == "reference":
+    if _common.resolve_impl(impl, _common.KERNEL_PLATFORMS) == "reference":
         return reference.scalar_decay(q, k, v, log_decay, log_momentum_decay, scale=scale, **states)
     return xla.scalar_decay(q, k, v, log_decay, log_momentum_decay, scale=scale, chunk_size=chunk_size, **states)
 
@@ -78,7 +78,7 @@ def momentum_delta_rule(q, k, w, beta, log_decay, log_momentum_decay, *, scale: 
     _check(q, k, w, {"beta": beta, "log_decay": log_decay, "log_momentum_decay": log_momentum_decay},
            initial_state, initial_momentum, scale, chunk_size)
     states = dict(initial_state=initial_state, initial_momentum=initial_momentum)
-    if _common.resolve_impl(impl) == "reference":
+    if _common.resolve_impl(impl, _common.KERNEL_PLATFORMS) == "reference":
         return reference.delta_rule(q, k, w, beta, log_decay, log_momentum_decay, scale=scale, **states)
     return xla.delta_rule(q, k, w, beta, log_decay, log_momentum_decay, scale=scale, chunk_size=chunk_size,
                           **states)

@@ -12,8 +12,9 @@ while the singular vectors stay. ``coefficients`` picks (a_t, b_t, c_t) and ``no
 the Polar Express schedule with its 1.01 safety scaling; or explicit triples, norm_scale 1).
 
 Implementations (``impl``): ``reference`` (lax.scan per matrix, fp32), ``xla`` (batched matmuls),
-``pallas`` (one fused Triton kernel for matrices up to 256 on a side, the XLA path beyond),
-``auto`` (pallas on GPU, xla elsewhere). fp32 inputs compute in fp32; bf16 inputs run the matmuls
+``pallas`` (the target platform's fused kernel: ``pallas_triton``, one Triton kernel for matrices
+up to 256 on a side, see triton.py; ``pallas_tpu``, one Mosaic kernel up to 512 on a side, see
+tpu.py; the XLA path beyond), ``auto`` (the platform's kernel on GPU and TPU, xla on CPU). fp32 inputs compute in fp32; bf16 inputs run the matmuls
 of ``xla`` and ``pallas`` on bf16 operands with fp32 accumulation (X carried in fp32).
 
 Gradient: ``pallas`` is wrapped in a custom_vjp whose backward recomputes through the ``xla``
@@ -30,10 +31,12 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 from pallas_kernels import _common
-from pallas_kernels.newton_schulz import reference, triton, xla
+from pallas_kernels.newton_schulz import reference, tpu, triton, xla
 from pallas_kernels.newton_schulz.coefficients import resolve_coefficients
 
 _DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
+# The fused kernels by Pallas family (``_common.resolve_impl``).
+KERNELS = {"pallas_triton": triton, "pallas_tpu": tpu}
 
 
 def newton_schulz(
@@ -80,13 +83,7 @@ def _check_input(x) -> None:
 
 
 def _resolve(impl: str) -> str:
-    resolved = _common.resolve_impl(impl)
-    if resolved == "pallas" and jax.default_backend() not in ("cpu", "gpu"):
-        if impl == "auto":
-            return "xla"
-        backend = jax.default_backend()
-        raise ValueError(f"impl='pallas' has a GPU (Triton) kernel only; use impl='xla' on {backend}")
-    return resolved
+    return _common.resolve_impl(impl, KERNELS)
 
 
 def _full_spec(partition_spec, ndim: int) -> PartitionSpec | None:
@@ -108,21 +105,21 @@ def _full_spec(partition_spec, ndim: int) -> PartitionSpec | None:
 def _dispatch(x, *, impl, schedule, norm_scale, eps):
     if impl == "reference":
         return reference.newton_schulz(x, schedule, norm_scale, eps)
-    if impl == "xla" or not triton.fits_on_chip(*x.shape[-2:]):
+    if impl == "xla" or not KERNELS[impl].fits_on_chip(*x.shape[-2:]):
         return xla.newton_schulz(x, schedule, norm_scale, eps)
-    return _fused(x, schedule, norm_scale, eps)
+    return _fused(x, schedule, norm_scale, eps, impl)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3))
-def _fused(x, schedule, norm_scale, eps):
-    return triton.newton_schulz(x, schedule, norm_scale, eps)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3, 4))
+def _fused(x, schedule, norm_scale, eps, impl):
+    return KERNELS[impl].newton_schulz(x, schedule, norm_scale, eps)
 
 
-def _fused_forward(x, schedule, norm_scale, eps):
-    return triton.newton_schulz(x, schedule, norm_scale, eps), x
+def _fused_forward(x, schedule, norm_scale, eps, impl):
+    return KERNELS[impl].newton_schulz(x, schedule, norm_scale, eps), x
 
 
-def _fused_backward(schedule, norm_scale, eps, x, cotangent):
+def _fused_backward(schedule, norm_scale, eps, impl, x, cotangent):
     """Recompute the iteration in fp32 with the XLA path and pull the cotangent through it."""
     _, pullback = jax.vjp(lambda m: xla.newton_schulz(m, schedule, norm_scale, eps), x.astype(jnp.float32))
     (grad,) = pullback(cotangent.astype(jnp.float32))

@@ -12,13 +12,23 @@ encoders such as the looped model's block.)
 ``window`` counts the keys a query sees, itself included; the first ``num_sinks`` tokens of each
 document stay visible to every later query of that document (attention sinks). Segment id 0 marks
 padding and empty cache slots. Attention itself is ``jax.nn.dot_product_attention`` (cuDNN on GPU
-when the mask is plain causal/local, XLA otherwise).
+when the mask is plain causal/local, XLA otherwise) or, on TPU, splash attention (``splash.py``).
+
+Training rows go through ``attend_rows``, which picks by ``implementation`` (``model.attention.
+implementation``): ``splash`` (TPU kernel, segment ids, never a [T, T] matrix; Pallas interpret mode
+off TPU), ``cudnn`` (cuDNN's fused kernel: only for rows without segment ids or sinks, which it has
+no mask for; else XLA), ``xla`` (the explicit boolean mask above and XLA's softmax: materialises
+``[B, H, T, T]`` scores) and ``auto``: ``splash`` on TPU where it computes the rule (no sinks, T a
+multiple of 128), else jax's own choice (cuDNN on GPU for unmasked causal rows), else ``xla``.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+
+from pallas_kernels._common import target_platform
+from seqmodels.layers import splash
 
 
 def visibility_mask(q_segments, q_positions, k_segments, k_positions, *, window: int | None,
@@ -40,7 +50,7 @@ def attend(q, k, v, mask=None, *, causal_window: int | None = None, implementati
     ``mask=None`` means plain causal attention over aligned q/k (optionally ``causal_window``-local),
     which lets cuDNN run; otherwise ``mask`` is a boolean ``[B, 1, T, S]``.
     """
-    impl = None if implementation == "auto" else implementation
+    impl = None if implementation in ("auto", "splash") else implementation
     if mask is None:
         local = None if causal_window is None else (causal_window - 1, 0)
         return jax.nn.dot_product_attention(q, k, v, is_causal=True, local_window_size=local,
@@ -48,6 +58,31 @@ def attend(q, k, v, mask=None, *, causal_window: int | None = None, implementati
     if impl == "cudnn":
         impl = None  # cuDNN takes no arbitrary masks here; let jax choose.
     return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=impl)
+
+
+def attend_rows(q, k, v, segment_ids, positions, *, window: int | None, num_sinks: int, causal: bool,
+                implementation: str = "auto"):
+    """Attention over training rows (no cache) under the visibility rule; q ``[B, T, H, D]``, k/v
+    ``[B, T, Hkv, D]``, ``segment_ids`` / ``positions`` ``[B, T]`` ints or None (one document per row)."""
+    batch, length = q.shape[:2]
+    platform = target_platform()
+    use_splash = implementation == "splash" or (
+        implementation == "auto" and platform == "tpu" and splash.supports(length, num_sinks))
+    if use_splash:
+        if num_sinks:
+            raise ValueError("splash attention has no per-document sink tokens (swa.num_sinks > 0); use "
+                             "model.attention.implementation=auto or xla")
+        segments = jnp.ones((batch, length), jnp.int32) if segment_ids is None else segment_ids
+        return splash.splash_attention(q, k, v, segments, window=window, causal=causal,
+                                       interpret=platform != "tpu")
+    if segment_ids is None and num_sinks == 0 and causal:
+        return attend(q, k, v, causal_window=window, implementation=implementation)
+    segments = jnp.ones((batch, length), jnp.int32) if segment_ids is None else segment_ids
+    if positions is None:
+        positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
+    mask = visibility_mask(segments, positions, segments, positions, causal=causal, window=window,
+                           num_sinks=num_sinks)
+    return attend(q, k, v, mask, implementation=implementation)
 
 
 def init_kv_cache(batch_size: int, capacity: int, num_kv_heads: int, head_dim: int, dtype) -> dict:

@@ -31,7 +31,7 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from seqmodels.config import ConfigError, ModelConfig
-from seqmodels.layers.attention import (attend, cache_capacity, init_kv_cache, update_kv_cache,
+from seqmodels.layers.attention import (attend, attend_rows, cache_capacity, init_kv_cache, update_kv_cache,
                                         visibility_mask)
 from seqmodels.layers.attention_projections import AttentionProjections
 from seqmodels.layers.conv import ShortConv
@@ -87,12 +87,9 @@ class Attention(AttentionProjections):
             mask = visibility_mask(ones, positions, k_segments, k_positions, **rule)
             out = attend(q, keys.astype(q.dtype), values.astype(q.dtype), mask, implementation=self.implementation)
             cache = {**update_kv_cache(cache, k, v, positions, **rule), **conv_cache}
-        elif segment_ids is None and self.num_sinks == 0 and self.causal:
-            out = attend(q, k, v, causal_window=self.window, implementation=self.implementation)
         else:
-            segments = jnp.ones((batch, length), jnp.int32) if segment_ids is None else segment_ids
-            mask = visibility_mask(segments, positions, segments, positions, causal=self.causal, **rule)
-            out = attend(q, k, v, mask, implementation=self.implementation)
+            out = attend_rows(q, k, v, segment_ids, positions, causal=self.causal,
+                              implementation=self.implementation, **rule)
         out = checkpoint_name(constrain(out, ("batch", "seq", "heads", "head_dim")), "attention_out")
         return self.out(out), cache
 

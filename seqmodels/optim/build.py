@@ -102,7 +102,7 @@ def _muon(config: OptimConfig, schedule, param_axes, param_shapes):
     adam_schedule = schedule if not adam_lr else (lambda step: schedule(step) * adam_lr / config.learning_rate)
     inner = muon(schedule, momentum=config.muon_momentum, ns_steps=config.muon_ns_steps,
                  weight_decay=config.weight_decay, adam_learning_rate=adam_schedule, adam_b1=config.b1,
-                 adam_b2=config.b2, adam_eps=config.eps, muon_mask=mask,
+                 adam_b2=config.b2, adam_eps=config.eps, muon_mask=mask, ns_impl=config.muon_impl,
                  per_head=(lambda path, p: heads.get(path)) if config.muon_per_head else None)
     return as_matrices(inner, jax.tree.unflatten(treedef, [views[n] for n in names]))
 

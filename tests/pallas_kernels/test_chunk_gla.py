@@ -79,7 +79,7 @@ def test_xla_and_pallas_outputs_final_state_and_all_gradients_match_the_token_or
 ):
     args, cotangents = _inputs(*shape, vector_decay, dtype)
     expected = _outputs_and_grads("reference", args, cotangents, 16, with_initial)
-    for impl in ("xla", "pallas"):
+    for impl in ("xla", "pallas", "pallas_tpu"):  # pallas_tpu: the Mosaic kernels in interpret mode
         actual = _outputs_and_grads(impl, args, cotangents, 16, with_initial)
         o, final_state = actual[0]
         assert o.dtype == dtype and o.shape == shape[:3] + (shape[4],)
@@ -94,7 +94,7 @@ def test_decays_near_zero_and_one_over_4096_tokens_stay_finite_and_exact(vector_
     extremes = jnp.array([-30.0, -1e-4]).reshape(1, 1, 2, *([1] if vector_decay else []))
     args = args[:3] + (jnp.broadcast_to(extremes, args[3].shape),) + args[4:]
     expected = _outputs_and_grads("reference", args, cotangents, 64)
-    for impl in ("xla", "pallas"):
+    for impl in ("xla", "pallas", "pallas_tpu"):
         _assert_all_close(_outputs_and_grads(impl, args, cotangents, 64), expected, 1e-4, impl)
 
 
@@ -163,3 +163,22 @@ def test_sharded_batch_and_heads_match_unsharded_without_all_gather():
     assert outputs[0].sharding.is_equivalent_to(NamedSharding(mesh, spec), 4)
     _assert_all_close((outputs, grads), expected, 1e-6, impl)
     assert "all-gather" not in step.as_text()
+
+
+def test_tpu_kernels_lower_to_mosaic_forward_and_backward_without_a_tpu():
+    """With an abstract TPU as the target, ``auto`` picks the Mosaic kernels, and Pallas's Mosaic
+    lowering of both (block shapes, VMEM scratch, reversed index maps, every dot form) runs on CPU
+    without libtpu; compiling them is the slow ahead-of-time test's job (tests/seqmodels/tools)."""
+    from jax.sharding import AbstractDevice, AbstractMesh, use_abstract_mesh
+
+    def loss(q, k, v, log_decay):
+        return jnp.sum(chunk_gla(q, k, v, log_decay, chunk_size=64, impl="auto")[0].astype(jnp.float32) ** 2)
+
+    device = AbstractDevice(device_kind="TPU v5 lite", num_cores=1, platform="tpu")
+    shapes = [(2, 256, 4, 128), (2, 256, 4, 128), (2, 256, 4, 64), (2, 256, 4)]
+    for dtype in (jnp.bfloat16, jnp.float32):
+        args = [jax.ShapeDtypeStruct(s, dtype if len(s) == 4 else jnp.float32) for s in shapes]
+        with use_abstract_mesh(AbstractMesh((1,), ("x",), abstract_device=device)):
+            traced = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3))).trace(*args)
+            text = traced.lower(lowering_platforms=("tpu",)).as_text()
+        assert text.count("tpu_custom_call") == 2, dtype  # the forward and the backward kernel

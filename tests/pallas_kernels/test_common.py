@@ -6,7 +6,7 @@ from pallas_kernels import _common
 
 def test_resolve_impl_picks_xla_on_cpu_and_rejects_unknown_names():
     assert _common.resolve_impl("auto") == "xla"
-    assert _common.resolve_impl("pallas") == "pallas"
+    assert _common.resolve_impl("pallas") == "pallas_triton"
     with pytest.raises(ValueError, match="impl must be one of"):
         _common.resolve_impl("cuda")
 
@@ -34,7 +34,7 @@ def test_an_abstract_gpu_target_selects_compiled_pallas_on_a_cpu_machine():
 
     gpu = AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="cuda")
     with use_abstract_mesh(AbstractMesh((1,), ("x",), (AxisType.Explicit,), abstract_device=gpu)):
-        assert _common.resolve_impl("auto") == "pallas"
+        assert _common.resolve_impl("auto") == "pallas_triton"
         assert not _common.interpret_mode()
     assert _common.interpret_mode()
 

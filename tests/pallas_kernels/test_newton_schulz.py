@@ -10,7 +10,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from pallas_kernels import newton_schulz
 from pallas_kernels.newton_schulz import coefficients as coefficient_tables
-from pallas_kernels.newton_schulz import reference, triton
+from pallas_kernels.newton_schulz import reference, tpu, triton
 
 SHAPES = [(1, 64, 64), (8, 96, 64), (3, 64, 128), (2, 256, 256), (512, 512)]
 
@@ -47,16 +47,17 @@ def _relative_error(actual, expected):
 def test_pallas_matches_reference_in_fp32_and_bf16(shape):
     x = _normal(shape)
     expected = newton_schulz(x, impl="reference")
-    for impl in ("pallas", "xla"):
+    for impl in ("pallas", "pallas_tpu", "xla"):  # pallas_tpu: the Mosaic kernel in interpret mode
         actual = newton_schulz(x, impl=impl)
         assert actual.shape == x.shape and actual.dtype == jnp.float32
         # fp32: 15 IEEE fp32 matmuls over K <= 512, entries <= 1; measured max error 7e-7.
         np.testing.assert_allclose(actual, expected, atol=1e-5, rtol=0)
-    actual = newton_schulz(x.astype(jnp.bfloat16), impl="pallas")
-    assert actual.dtype == jnp.bfloat16
-    # bf16: the input and every matmul operand are rounded to bf16 (relative 2^-9), and the quintic
-    # amplifies errors on small singular values up to 3.4x per step; measured 1.5-2.6% (Frobenius).
-    assert _relative_error(actual, expected) < 4e-2
+    for impl in ("pallas", "pallas_tpu"):
+        actual = newton_schulz(x.astype(jnp.bfloat16), impl=impl)
+        assert actual.dtype == jnp.bfloat16
+        # bf16: the input and every matmul operand are rounded to bf16 (relative 2^-9), and the quintic
+        # amplifies errors on small singular values up to 3.4x per step; measured 1.5-2.6% (Frobenius).
+        assert _relative_error(actual, expected) < 4e-2, impl
 
 
 @pytest.mark.parametrize(("name", "shape"), [("muon", (4, 64, 64)), ("polar_express", (2, 48, 96))])
@@ -87,7 +88,7 @@ def test_zero_matrix_gives_zeros_and_a_zero_gradient():
         return jnp.sum(out * weights), out
 
     value_and_grad = jax.jit(jax.value_and_grad(loss, has_aux=True), static_argnums=1)
-    for impl in ("reference", "xla", "pallas"):
+    for impl in ("reference", "xla", "pallas", "pallas_tpu"):
         (_, out), grad = value_and_grad(x, impl)
         assert np.array_equal(out, x) and np.array_equal(grad, x), impl
 
@@ -98,7 +99,7 @@ def test_gradient_matches_autodiff_of_the_reference(name, shape):
     loss = lambda m, impl: jnp.sum(jnp.sin(newton_schulz(m, coefficients=name, impl=impl)) * weights)
     grad = jax.jit(jax.grad(loss), static_argnums=1)
     expected = grad(x, "reference")
-    for impl in ("pallas", "xla"):
+    for impl in ("pallas", "pallas_tpu", "xla"):
         actual = grad(x, impl)
         # fp32 backward through 15 matmuls; gradient entries are O(10): 1e-4 relative is ~1e3 ulp.
         assert _relative_error(actual, expected) < 1e-4, impl
@@ -206,3 +207,38 @@ def test_reference_is_one_matrix_at_a_time_and_transposes_tall_inputs():
     tall = reference.newton_schulz(x, schedule, norm_scale, 1e-7)
     wide = reference.newton_schulz(x.T, schedule, norm_scale, 1e-7)
     np.testing.assert_allclose(tall, wide.T, atol=1e-6)
+
+
+def test_tpu_kernel_padding_stays_exactly_zero():
+    rows, cols = 24, 40
+    padded = jnp.pad(_normal((2, rows, cols)), ((0, 0), (0, 128 - rows), (0, 128 - cols)))
+    schedule, norm_scale = coefficient_tables.resolve_coefficients("polar_express", 6)
+    out = tpu.fused_call(padded, coefficients=schedule, norm_scale=norm_scale, eps=1e-7)
+    assert np.all(np.asarray(out[:, rows:, :]) == 0) and np.all(np.asarray(out[:, :, cols:]) == 0)
+    assert np.all(np.abs(np.asarray(out[:, :rows, :cols])) > 0)
+
+
+def test_tpu_kernel_lowers_to_mosaic_for_a_tpu_without_a_tpu():
+    """Pallas's Mosaic lowering (block shapes, dot forms, reductions) runs on CPU for the TPU
+    platform, without libtpu; compiling the Mosaic module is the slow ahead-of-time test's job."""
+    schedule, norm_scale = coefficient_tables.resolve_coefficients("muon", 5)
+    call = functools.partial(tpu.fused_call, coefficients=schedule, norm_scale=norm_scale, eps=1e-7, interpret=False)
+    for shape, dtype in (((4, 128, 128), jnp.bfloat16), ((2, 256, 384), jnp.float32)):
+        text = jax.jit(call).trace(jax.ShapeDtypeStruct(shape, dtype)).lower(lowering_platforms=("tpu",)).as_text()
+        assert "tpu_custom_call" in text
+
+
+def test_pallas_picks_the_targets_kernel_family_and_auto_skips_missing_ones():
+    from jax.sharding import AbstractDevice, AbstractMesh, use_abstract_mesh
+
+    from pallas_kernels import _common
+
+    tpu_device = AbstractDevice(device_kind="TPU v5 lite", num_cores=1, platform="tpu")
+    with use_abstract_mesh(AbstractMesh((1,), ("x",), abstract_device=tpu_device)):
+        assert _common.resolve_impl("auto", ("pallas_triton", "pallas_tpu")) == "pallas_tpu"
+        assert _common.resolve_impl("pallas", ("pallas_triton", "pallas_tpu")) == "pallas_tpu"
+        assert _common.resolve_impl("auto", ("pallas_triton",)) == "xla"
+        with pytest.raises(ValueError, match="compiles for gpu, but the target is tpu"):
+            _common.resolve_impl("pallas_triton", ("pallas_triton", "pallas_tpu"))
+        with pytest.raises(ValueError, match="has no pallas_tpu kernels"):
+            _common.resolve_impl("pallas", ("pallas_triton",))
