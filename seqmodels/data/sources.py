@@ -7,6 +7,7 @@ new module that registers itself, plus its import in ``seqmodels/data/__init__.p
 
     text.py          stdlib, text_files, arrayrecord   (document corpora: corpus.py lists the documents)
     records.py       jsonl, parquet                    (a document per record's data.text_field)
+    token_shards.py  token_ids                         (ArrayRecord shards of token ids, prepare --tokenizer)
     synthetic.py     mqar, selective_copy, needle      (generated examples)
     cfl_pipeline.py  cfl                               (context-free-language recognition)
 

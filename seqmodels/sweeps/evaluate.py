@@ -1,6 +1,6 @@
 """Evaluate one sweep run: ``python -m seqmodels.sweeps.evaluate --run DIR --settings JSON --out FILE``.
 
-For every checkpoint step of the run (``checkpoint.every_steps`` apart, so the sweep's ``eval.points``
+For every checkpoint step of the run (``--last-only``: the last) (``checkpoint.every_steps`` apart, so the sweep's ``eval.points``
 of them): held-out loss (``evaluation.perplexity``, ``eval.batch_size`` x ``eval.max_batches`` rows),
 giving validation loss against training tokens and FLOPs. At the last step, every suite of
 ``eval.suites``: ``perplexity`` (loss per position bucket), ``recall`` (``evaluation.recall``: MQAR and
@@ -35,7 +35,7 @@ def training_speed(run_dir: Path) -> dict:
             "logged_steps": len(rows), "last_step": rows[-1]["step"], "last_train_loss": rows[-1].get("loss")}
 
 
-def evaluate_run(run_dir: Path, settings: dict) -> dict:
+def evaluate_run(run_dir: Path, settings: dict, *, last_only: bool = False) -> dict:
     from seqmodels.evaluation.loading import load_run
     from seqmodels.evaluation.perplexity import evaluate_perplexity
     from seqmodels.training.checkpoint import Checkpointer
@@ -43,7 +43,7 @@ def evaluate_run(run_dir: Path, settings: dict) -> dict:
     config, _, last = load_run(run_dir)
     checkpointer = Checkpointer(run_dir, config.checkpoint, read_only=True)
     try:
-        steps = sorted(checkpointer.manager.all_steps())
+        steps = [last] if last_only else sorted(checkpointer.manager.all_steps())
     finally:
         checkpointer.close()
     tokens_per_step = config.train.batch_size * config.data.seq_len
@@ -80,12 +80,13 @@ def main(argv=None) -> int:
     parser.add_argument("--run", required=True)
     parser.add_argument("--settings", required=True, help="the sweep's eval settings as JSON")
     parser.add_argument("--out", required=True)
+    parser.add_argument("--last-only", action="store_true", help="evaluate the last checkpoint only")
     args = parser.parse_args(argv)
     from seqmodels.config import ConfigError
     from seqmodels.data.corpus import DataError
     from seqmodels.training.checkpoint import CheckpointError
     try:
-        results = evaluate_run(Path(args.run), json.loads(args.settings))
+        results = evaluate_run(Path(args.run), json.loads(args.settings), last_only=args.last_only)
     except (ConfigError, DataError, CheckpointError, ValueError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -13,7 +13,8 @@ step). A variant none of whose runs was evaluated shows its error only.
 
 Plots (matplotlib, Agg): ``loss_vs_tokens.png``, ``loss_vs_flops.png`` (validation loss at each
 evaluated checkpoint, mean over seeds), ``loss_by_position.png`` (final loss per position bucket),
-``needle_by_depth.png`` (final needle accuracy per depth, when the suite ran).
+``needle_by_depth.png`` (final needle accuracy per depth, when the suite ran). Each PNG carries the
+points it plots, ``{variant: [[x, y], ...]}`` as JSON, in its ``Description`` text chunk.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import statistics
 import subprocess
 from pathlib import Path
 
+from seqmodels.sweeps.evaluate import training_speed
 from seqmodels.sweeps.runner import RunSpec, read_status
 
 PLOTS = ("loss_vs_tokens.png", "loss_vs_flops.png", "loss_by_position.png", "needle_by_depth.png")
@@ -40,6 +42,8 @@ def _run_record(spec: RunSpec) -> dict:
     status = read_status(spec) or {"status": "not run", "train_command": list(spec.train_command),
                                    "eval_command": list(spec.eval_command)}
     record = {"seed": spec.seed, "run_dir": str(spec.run_dir), **status}
+    if (spec.run_dir / "metrics.jsonl").is_file():
+        record["speed"] = training_speed(spec.run_dir)  # also for a run whose evaluation failed
     evaluation = spec.run_dir / "sweep_eval.json"
     if status.get("status") in ("done", "time_limit") and evaluation.is_file():
         record["eval"] = json.loads(evaluation.read_text())
@@ -57,10 +61,11 @@ def summarise(runs: list[dict]) -> dict:
     evaluated = [r["eval"] for r in runs if "eval" in r]
     finished = [r["eval"] for r in runs if "eval" in r and r["status"] == "done"]
     loss_mean, loss_std = _mean_std([e["curve"][-1]["loss"] for e in finished])
-    speed = [e["speed"]["tokens_per_second"] for e in evaluated if e["speed"]["tokens_per_second"]]
+    speed = [r["speed"]["tokens_per_second"] for r in runs if r.get("speed", {}).get("tokens_per_second")]
     summary = {"loss_mean": loss_mean, "loss_std": loss_std, "seeds_finished": len(finished),
                "tokens_per_second": statistics.median(speed) if speed else None,
                "tokens_trained": [e["tokens"] for e in evaluated],
+               "steps_trained": [r["speed"].get("last_step") for r in runs if "speed" in r],
                "statuses": [r["status"] for r in runs],
                "errors": [r.get("error") for r in runs if r.get("error")]}
     if evaluated and all("perplexity" in e for e in evaluated):
@@ -161,6 +166,13 @@ def position_table(variants: list[dict]) -> str:
     return "Loss by position in the document:\n\n" + "\n".join(lines) + "\n"
 
 
+def _save(figure, path: Path, series: dict) -> None:
+    """Save the figure with its plotted points as JSON in the PNG's ``Description`` text chunk."""
+    import matplotlib.pyplot as plt
+    figure.savefig(path, dpi=120, metadata={"Description": json.dumps(series)})
+    plt.close(figure)
+
+
 def _legend(plot) -> None:
     if plot.get_legend_handles_labels()[0]:
         plot.legend(fontsize=7, ncol=2)
@@ -176,7 +188,7 @@ def write_plots(results: dict, out: Path) -> list[str]:
     written = []
     for axis, name, label in (("tokens", "loss_vs_tokens.png", "training tokens"),
                               ("flops", "loss_vs_flops.png", "training FLOPs")):
-        figure, plot = plt.subplots(figsize=(7, 4.5))
+        figure, plot, series = *plt.subplots(figsize=(7, 4.5)), {}
         for variant in results["variants"]:
             curves = [r["eval"]["curve"] for r in variant["runs"] if "eval" in r]
             if not curves:
@@ -184,29 +196,29 @@ def write_plots(results: dict, out: Path) -> list[str]:
             points = sorted({p[axis] for c in curves for p in c})
             means = [statistics.fmean(p["loss"] for c in curves for p in c if p[axis] == x) for x in points]
             plot.plot(points, means, marker="o", label=variant["name"])
+            series[variant["name"]] = [[x, y] for x, y in zip(points, means)]
         plot.set_xlabel(label)
         plot.set_ylabel("validation loss (nats/token)")
         plot.set_xscale("log")
         plot.grid(alpha=0.3)
         _legend(plot)
         figure.tight_layout()
-        figure.savefig(out / name, dpi=120)
-        plt.close(figure)
+        _save(figure, out / name, series)
         written.append(name)
-    figure, plot = plt.subplots(figsize=(7, 4.5))
+    figure, plot, series = *plt.subplots(figsize=(7, 4.5)), {}
     for variant in results["variants"]:
         buckets = variant["summary"].get("loss_by_position")
         if buckets:
             points = [(b["positions"][0] + max(b["positions"][1] - 1, b["positions"][0])) / 2 + 1 for b in buckets]
             plot.plot(points, [b["loss"] for b in buckets], marker=".", label=variant["name"])
+            series[variant["name"]] = [[x, b["loss"]] for x, b in zip(points, buckets)]
     plot.set_xscale("log")
     plot.set_xlabel("position in document (bucket centre, +1)")
     plot.set_ylabel("validation loss (nats/token)")
     plot.grid(alpha=0.3)
     _legend(plot)
     figure.tight_layout()
-    figure.savefig(out / "loss_by_position.png", dpi=120)
-    plt.close(figure)
+    _save(figure, out / "loss_by_position.png", series)
     written.append("loss_by_position.png")
     needles = [(v["name"], v["summary"]["needle_by_depth"]) for v in results["variants"]
                if "needle_by_depth" in v["summary"]]
@@ -214,14 +226,14 @@ def write_plots(results: dict, out: Path) -> list[str]:
         figure, plot = plt.subplots(figsize=(7, 4.5))
         for name, by_depth in needles:
             plot.plot([float(d) for d in by_depth], list(by_depth.values()), marker="o", label=name)
+        series = {name: [[float(d), a] for d, a in by_depth.items()] for name, by_depth in needles}
         plot.set_xlabel("needle depth (fraction of the haystack)")
         plot.set_ylabel("retrieval accuracy")
         plot.set_ylim(-0.05, 1.05)
         plot.grid(alpha=0.3)
         _legend(plot)
         figure.tight_layout()
-        figure.savefig(out / "needle_by_depth.png", dpi=120)
-        plt.close(figure)
+        _save(figure, out / "needle_by_depth.png", series)
         written.append("needle_by_depth.png")
     return written
 

@@ -3,7 +3,7 @@
 Run ``(variant, seed)`` lives in ``runs/sweeps/NAME/VARIANT/seed<S>/`` (train.py's run directory,
 ``train.log`` and ``eval.log`` beside its checkpoints) and records its outcome in ``sweep_run.json``
 there: ``status`` is ``done`` (trained to the budget and evaluated), ``time_limit`` (stopped by the
-sweep's ``time_limit_minutes``; its last checkpoint is evaluated), or ``failed`` (with the error).
+sweep's ``time_limit_minutes``; its last checkpoint alone is evaluated), or ``failed`` (with the error).
 
 Resuming: a run whose ``sweep_run.json`` says ``done`` for the same command is skipped; any other
 run is started again with the same command, and train.py resumes it from its newest checkpoint
@@ -151,7 +151,9 @@ def execute(spec: RunSpec, time_limit_minutes: float = 0.0) -> dict:
         return status
     else:
         status["status"] = "done"
-    code, _ = _run_process(spec.eval_command, spec.run_dir / "eval.log", None)
+    # A time-limited run is evaluated at its last checkpoint only: its evaluation is as slow as its training.
+    evaluate = spec.eval_command + (("--last-only",) if status["status"] == "time_limit" else ())
+    code, _ = _run_process(evaluate, spec.run_dir / "eval.log", None)
     status["eval_exit"] = code
     if code != 0:
         status.update(status="failed", error=f"evaluation exited {code}: {_tail(spec.run_dir / 'eval.log')}")
