@@ -213,10 +213,14 @@ class DataConfig:
     """Where tokens come from and how they are packed into rows."""
 
     source: str = describe("a source registered in seqmodels.data.sources: stdlib (Python's own source files, on"
-                           " every machine) | text_files | arrayrecord | mqar | selective_copy (generated,"
+                           " every machine) | text_files | arrayrecord | jsonl | parquet | mqar | selective_copy (generated,"
                            " data.synthetic) | needle (generated needle-in-a-haystack rows, data.needle_*) | cfl"
                            " (context-free languages, data.cfl)", "stdlib")
-    path: str = describe("glob of text files (text_files) or ArrayRecord shards (arrayrecord)", "")
+    path: str = describe("glob of text files (text_files), ArrayRecord shards (arrayrecord), JSON-lines files (jsonl) "
+                         "or Parquet files (parquet)", "")
+    text_field: str = describe("jsonl / parquet: the field (column) holding each document's text", "text")
+    heldout_path: str = describe("glob of the held-out documents, read like data.path; when set, every document of "
+                                 "data.path trains and data.heldout_fraction is unused; empty = hash split", "")
     tokenizer: str = describe("byte: UTF-8 bytes + begin- and end-of-document tokens | hf:DIR: the tokenizer.json "
                               "of a Hugging Face directory (seqmodels.hf.load_tokenizer)", "byte")
     seq_len: int = describe("tokens per training row", 256)
@@ -244,6 +248,7 @@ class DataConfig:
         _require(0.0 < self.heldout_fraction < 1.0, "data.heldout_fraction",
                  f"must be in (0, 1), got {self.heldout_fraction}")
         _require(self.max_documents >= 0, "data.max_documents", "must be >= 0")
+        _require(bool(self.text_field), "data.text_field", "must not be empty")
         _require_at_least(self, "data", needle_key_length=1, needle_value_length=1, needle_distractors=0)
         if self.source == "needle":
             shortest = needle_min_length(self.needle_key_length, self.needle_value_length, self.needle_distractors)

@@ -4,7 +4,7 @@ Importing this package registers every data source (``sources.py``): each module
 the sources it defines.
 """
 
-from seqmodels.data import cfl_pipeline, synthetic, text  # noqa: F401  (each registers its sources)
+from seqmodels.data import cfl_pipeline, records, synthetic, text, token_shards  # noqa: F401  (each registers its sources)
 from seqmodels.data.corpus import DataError, DocumentSplit, load_documents
 from seqmodels.data.packing import FIELDS, PackedRowsIterDataset, pack_and_batch, pack_examples, pad_batch
 from seqmodels.data.pipeline import describe_source, make_eval_batches, make_train_dataset, required_vocab_size

@@ -6,6 +6,7 @@ Corpora (``data.source``; ``text.py`` registers them and turns their documents i
   (``sysconfig.get_paths()["stdlib"]``, recursive, sorted, ``site-packages`` skipped). Present on
   every machine, so the default needs no download.
 * ``text_files``: the files matching the glob ``data.path`` (``**`` recurses), sorted.
+* ``jsonl``, ``parquet``: a document per record's ``data.text_field`` (``records.py``).
 * ``arrayrecord``: the records of the ArrayRecord shards matching ``data.path`` (sorted), each
   record one UTF-8 document, read through ``grain.sources.ArrayRecordDataSource``. Shards are
   written by ``python -m seqmodels.data.prepare``.
@@ -19,7 +20,9 @@ Held-out split: document ``d`` is held out iff ``u(d) < data.heldout_fraction`` 
 relative to the glob's fixed prefix (the stdlib root for ``stdlib``) or the record's global index.
 A document's side therefore does not depend on the seed, on ``max_documents`` or on which other
 files exist. With two or more documents each side gets at least one (the lowest ``u`` is held out
-if none is, the highest goes back to train if all are).
+if none is, the highest goes back to train if all are). With ``data.heldout_path`` set there is no
+hash split: every document of ``data.path`` (capped by ``max_documents``) trains and the documents
+of ``data.heldout_path``, read by the same source, are held out (a corpus's own validation split).
 """
 
 from __future__ import annotations
@@ -151,7 +154,7 @@ class DocumentSplit:
         if isinstance(self.train, FileDocuments):
             size = f"{self.train.num_bytes + self.heldout.num_bytes:,} bytes"
         else:
-            size = f"{self.train.num_bytes:,} bytes of shards"
+            size = f"{self.train.num_bytes:,} bytes of {'shards' if isinstance(self.train, RecordDocuments) else 'files'}"
         return (f"data: {self.source} ({self.location}): {len(self.train)} train / "
                 f"{len(self.heldout)} held-out documents, {size}")
 
@@ -293,5 +296,8 @@ def load_documents(cfg: DataConfig) -> DocumentSplit:
     documents, location = source.documents(cfg)
     if cfg.max_documents:
         documents = documents[: cfg.max_documents]
+    if cfg.heldout_path:
+        heldout, heldout_location = source.documents(dataclasses.replace(cfg, path=cfg.heldout_path))
+        return DocumentSplit(cfg.source, f"{location}; held out: {heldout_location}", documents, heldout)
     train, heldout = split_indices(documents.identities, cfg.heldout_fraction)
     return DocumentSplit(cfg.source, location, documents.subset(train), documents.subset(heldout))

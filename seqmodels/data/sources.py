@@ -2,10 +2,12 @@
 
 Each source registers itself beside its code (``register_source("mqar", DataSource(...))`` at the end
 of its module); ``seqmodels.data.pipeline`` looks the configured one up. Importing ``seqmodels.data``
-imports every source module, so every source is registered. A new source (jsonl, parquet, ...) is one
+imports every source module, so every source is registered. A new source is one
 new module that registers itself, plus its import in ``seqmodels/data/__init__.py``::
 
     text.py          stdlib, text_files, arrayrecord   (document corpora: corpus.py lists the documents)
+    records.py       jsonl, parquet                    (a document per record's data.text_field)
+    token_shards.py  token_ids                         (ArrayRecord shards of token ids, prepare --tokenizer)
     synthetic.py     mqar, selective_copy, needle      (generated examples)
     cfl_pipeline.py  cfl                               (context-free-language recognition)
 

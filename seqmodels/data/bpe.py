@@ -1,0 +1,113 @@
+"""Training a byte-level BPE tokenizer with the ``tokenizers`` library.
+
+    python -m seqmodels.data.tokenizers train --input data/debdocs --vocab-size 16384 --out tokenizers/debdocs-16k
+
+Model: GPT-2's byte-level BPE. Text is split by the ``ByteLevel`` pre-tokenizer (GPT-2's regex,
+no prefix space) into words whose UTF-8 bytes map to 256 printable characters; the trainer starts
+from those 256 symbols and ``END_OF_TEXT`` (``<|endoftext|>``, id 0), then repeatedly merges the most
+frequent adjacent pair (pairs seen fewer than ``min_frequency`` times are never merged) until the
+vocabulary holds ``vocab_size`` tokens. Every string encodes (no unknown token) and
+``decode(encode(text)) == text``.
+
+Deterministic: the inputs are read in a fixed order (sorted files, file order within each) and the
+trainer breaks count ties by the pair itself, so the same input and options give the same
+``tokenizer.json`` byte for byte (tested).
+
+Output directory (read by ``data.tokenizer: hf:DIR`` through ``seqmodels.hf.load_tokenizer``):
+``tokenizer.json``, ``tokenizer_config.json`` (``eos_token`` = ``<|endoftext|>``; no BOS, so a
+document is framed ``<|endoftext|> ... <|endoftext|>``, as GPT-2 was trained) and ``training.json``
+(inputs with sha256, options, the library version).
+
+Inputs (``--input``): a corpus directory of ``python -m seqmodels.data.corpora`` (its
+``train.jsonl`` only: validation and test text never shapes the vocabulary), a ``.jsonl`` file
+(field ``--text-field``), or a glob of text files (one document each).
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+from collections.abc import Iterator, Sequence
+
+END_OF_TEXT = "<|endoftext|>"
+_OUTPUT_FILES = ("tokenizer.json", "tokenizer_config.json", "training.json")
+
+
+def input_files(spec: str) -> list[str]:
+    """The files ``--input`` names (module docstring), sorted; ``ValueError`` when there are none."""
+    if os.path.isdir(spec):
+        train = os.path.join(spec, "train.jsonl")
+        if not os.path.isfile(train):
+            raise ValueError(f"--input {spec!r} is a directory without train.jsonl (build one with "
+                             "`python -m seqmodels.data.corpora debdocs --out DIR`), or pass a file / glob")
+        return [train]
+    files = sorted(p for p in glob.glob(os.path.expanduser(spec), recursive=True) if os.path.isfile(p))
+    if not files:
+        raise ValueError(f"--input {spec!r}: no such directory, and no file matches it as a glob")
+    return files
+
+
+def iter_texts(files: Sequence[str], text_field: str = "text") -> Iterator[str]:
+    """Each document's text: a JSON line's ``text_field`` (``.jsonl`` files), else a whole file."""
+    for path in files:
+        if path.endswith(".jsonl"):
+            with open(path, encoding="utf-8") as handle:
+                for number, line in enumerate(handle, 1):
+                    if not line.strip():
+                        continue
+                    record = json.loads(line)
+                    if not isinstance(record, dict) or not isinstance(record.get(text_field), str):
+                        raise ValueError(f"{path}:{number}: no string field {text_field!r} "
+                                         f"(set --text-field to the field holding the text)")
+                    yield record[text_field]
+        else:
+            with open(path, encoding="utf-8", errors="replace") as handle:
+                yield handle.read()
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def train_bpe(input_spec: str, vocab_size: int, out: str, *, min_frequency: int = 2,
+              text_field: str = "text") -> str:
+    """Train the byte-level BPE of the module docstring on ``input_spec``; write it into ``out``; return ``out``."""
+    import tokenizers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    if not isinstance(vocab_size, int) or not 257 <= vocab_size <= 1 << 20:
+        raise ValueError(f"--vocab-size must be an int in [257, 2**20] (256 bytes + {END_OF_TEXT}), got {vocab_size!r}")
+    if not isinstance(min_frequency, int) or min_frequency < 1:
+        raise ValueError(f"--min-frequency must be an int >= 1, got {min_frequency!r}")
+    taken = [name for name in _OUTPUT_FILES if os.path.exists(os.path.join(out, name))]
+    if taken:
+        raise FileExistsError(f"--out {out!r} already holds {', '.join(taken)}; choose another directory or remove "
+                              "them (nothing was overwritten)")
+    files = input_files(input_spec)
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, show_progress=False,
+                                  special_tokens=[END_OF_TEXT], initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator(iter_texts(files, text_field), trainer=trainer)
+    os.makedirs(out, exist_ok=True)
+    tokenizer.save(os.path.join(out, "tokenizer.json"))
+    _write_json(os.path.join(out, "tokenizer_config.json"),
+                {"eos_token": END_OF_TEXT, "model_max_length": 1 << 30, "tokenizer_class": "PreTrainedTokenizerFast"})
+    _write_json(os.path.join(out, "training.json"),
+                {"model": "byte-level BPE", "vocab_size": vocab_size, "trained_vocab_size": tokenizer.get_vocab_size(),
+                 "min_frequency": min_frequency, "text_field": text_field, "tokenizers_version": tokenizers.__version__,
+                 "inputs": [{"path": path, "sha256": _sha256(path)} for path in files]})
+    return out
+
+
+def _write_json(path: str, value: dict) -> None:
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(value, handle, indent=2, sort_keys=True)
+        handle.write("\n")

@@ -1,0 +1,1 @@
+"""Sweeps: ``ablate.py``'s sweep files (``spec``), runs (``runner``), per-run evaluation (``evaluate``), reports (``report``)."""

@@ -1,0 +1,51 @@
+"""python -m seqmodels.data.tokenizers train: deterministic byte-level BPE, round trip, hf:DIR loading."""
+
+import json
+
+import pytest
+
+from seqmodels.data import bpe
+from seqmodels.data.tokenizers import get_tokenizer, main
+
+TEXTS = ["The quick brown fox jumps over the lazy dog. " * 3, "Émile's naïve café — 東京 🦊\ttabs\n\nnew lines",
+         "def f(x):\n    return x ** 2  # squares\n"] * 20
+
+
+def _corpus(directory):
+    directory.mkdir()
+    (directory / "train.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
+    (directory / "validation.jsonl").write_text(json.dumps({"text": "never seen zyzzyva"}) + "\n")
+    return str(directory)
+
+
+def test_training_is_deterministic_and_round_trips(tmp_path):
+    corpus = _corpus(tmp_path / "corpus")
+    assert main(["train", "--input", corpus, "--vocab-size", "300", "--out", str(tmp_path / "a")]) == 0
+    assert main(["train", "--input", corpus, "--vocab-size", "300", "--out", str(tmp_path / "b")]) == 0
+    first, second = (tmp_path / "a" / "tokenizer.json").read_bytes(), (tmp_path / "b" / "tokenizer.json").read_bytes()
+    assert first == second
+    tokenizer = get_tokenizer(f"hf:{tmp_path / 'a'}")
+    assert tokenizer.vocab_size == 300
+    for text in TEXTS[:3] + ["unseen: zyzzyva ⊕ ∮ 🦀", ""]:
+        ids = tokenizer.encode(text)
+        assert tokenizer.decode(ids) == text
+    assert len(tokenizer.encode(TEXTS[0])) < len(TEXTS[0].encode()) / 2  # merges learned
+    assert tokenizer.document_ids() == (0, 0)  # <|endoftext|> opens and closes documents
+    training = json.loads((tmp_path / "a" / "training.json").read_text())
+    assert [entry["path"].rsplit("/", 1)[1] for entry in training["inputs"]] == ["train.jsonl"]
+
+
+def test_refuses_to_overwrite_and_bad_inputs(tmp_path, capsys):
+    corpus = _corpus(tmp_path / "corpus")
+    out = tmp_path / "tok"
+    out.mkdir()
+    (out / "tokenizer.json").write_text("mine")
+    assert main(["train", "--input", corpus, "--vocab-size", "300", "--out", str(out)]) == 2
+    assert "already holds tokenizer.json" in capsys.readouterr().err
+    assert (out / "tokenizer.json").read_text() == "mine"
+    with pytest.raises(ValueError, match="--vocab-size"):
+        bpe.train_bpe(corpus, 100, str(tmp_path / "x"))
+    with pytest.raises(ValueError, match="no such directory, and no file matches"):
+        bpe.train_bpe(str(tmp_path / "missing"), 300, str(tmp_path / "x"))
+    with pytest.raises(ValueError, match="no string field 'body'"):
+        list(bpe.iter_texts([corpus + "/train.jsonl"], "body"))

@@ -1,0 +1,175 @@
+"""ablate.py: sweep files refused before any run, and a two-variant sweep end to end with a resumed run."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import write_corpus
+from seqmodels.sweeps.runner import is_finished, run_specs
+from seqmodels.sweeps.spec import SweepError, load_sweep
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def tiny_sweep(tmp_path: Path, **changes) -> Path:
+    corpus = write_corpus(tmp_path / "corpus")
+    sweep = {
+        "name": "tiny",
+        "base": "configs/transformer.yaml",
+        "overrides": {"model.d_model": 32, "model.num_heads": 2, "model.max_seq_len": 128,
+                      "data.source": "text_files", "data.path": str(corpus / "*.txt"), "data.seq_len": 128,
+                      "data.heldout_fraction": 0.2, "train.batch_size": 4, "optim.warmup_steps": 2,
+                      "log.every_steps": 1, "log.tensorboard": False, "checkpoint.async_save": False},
+        "variants": {"transformer": {"model.mixers": "[attention] * 2"},
+                     "swa": {"config": "configs/swa.yaml", "model.mixers": "[swa] * 2", "model.swa.window": 8}},
+        "seeds": [0],
+        "budget": {"tokens": 5120},
+        "eval": {"suites": ["perplexity", "needle"], "points": 2, "batch_size": 2, "max_batches": 2,
+                 "needle": {"length": 128, "depths": [0.0, 1.0], "per_depth": 2}},
+    }
+    for key, value in changes.items():
+        target = sweep
+        *parents, last = key.split("/")
+        for parent in parents:
+            target = target[parent]
+        target[last] = value
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(sweep, sort_keys=False))
+    return path
+
+
+def one_device_env() -> dict:
+    """The tests' environment without their 8 simulated devices: each sweep run is one single-threaded CPU process."""
+    return {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+
+
+def ablate(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, "ablate.py", *args], cwd=cwd, capture_output=True, text=True, timeout=1500,
+                          env=one_device_env())
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"budgets": 3}, r"unknown key\(s\) 'budgets'"),
+    ({"variants/swa/model.swa.windw": 8}, "variant 'swa': .*model.swa.windw"),
+    ({"variants/swa/model.d_model": -4}, "variant 'swa': .*model.d_model"),
+    ({"variants/transformer/train.steps": 3}, "variant 'transformer': key 'train.steps' is set by ablate.py"),
+    ({"variants/swa/config": "configs/nope.yaml"}, "variant 'swa': config: no such file"),
+    ({"budget": {"tokens": 1, "flops": 2}}, "budget: give exactly one of tokens or flops"),
+    ({"eval/suites": ["perplexity", "bleu"]}, "eval.suites"),
+    ({"eval/needle/length": 64}, "variant 'transformer': eval.needle: eval.needle.length=64 cannot hold"),
+])
+def test_a_bad_sweep_file_is_refused_naming_variant_and_key(tmp_path, change, message):
+    path = tiny_sweep(tmp_path, **change)
+    with pytest.raises(SweepError, match=message):
+        load_sweep(path, ROOT)
+
+
+def test_ablate_refuses_before_any_run_starts(tmp_path):
+    path = tiny_sweep(tmp_path, **{"variants/swa/model.swa.windw": 8})
+    result = ablate("--sweep", str(path), "--runs-dir", str(tmp_path / "runs"), "--results-dir", str(tmp_path / "out"))
+    assert result.returncode == 2
+    assert "variant 'swa'" in result.stderr and "model.swa.windw" in result.stderr and "nothing was run" in result.stderr
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "out").exists()
+
+
+def test_budgets_give_steps_and_flops_budgets_equalise_compute(tmp_path):
+    sweep = load_sweep(tiny_sweep(tmp_path), ROOT)
+    assert [v.steps for v in sweep.variants] == [10, 10]  # 5120 tokens / (4 rows x 128)
+    flops = 3 * sweep.variants[0].flops_per_token * 5120
+    sweep = load_sweep(tiny_sweep(tmp_path, budget={"flops": flops}), ROOT)
+    steps = {v.name: v.steps for v in sweep.variants}
+    assert steps["transformer"] == 10
+    swa = sweep.variant("swa")
+    assert steps["swa"] == round(flops / (3 * swa.flops_per_token * 512)) and swa.flops_per_token < \
+        sweep.variant("transformer").flops_per_token and steps["swa"] > 10
+
+
+def test_every_sweep_file_in_configs_names_known_keys_and_existing_configs():
+    from seqmodels.sweeps.spec import _TOP_KEYS
+    files = sorted((ROOT / "configs" / "sweeps").glob("*.yaml"))
+    assert files, "configs/sweeps/ holds no sweep file"
+    for path in files:
+        # load_sweep needs the corpus and tokenizer the file names (built by the commands in its header)
+        sweep = yaml.safe_load(path.read_text())
+        assert set(sweep) <= _TOP_KEYS, path
+        assert (ROOT / sweep["base"]).is_file(), path
+        for name, variant in sweep["variants"].items():
+            assert (ROOT / variant.get("config", sweep["base"])).is_file(), (path, name)
+
+
+def _png_series(path: Path) -> dict:
+    from PIL import Image
+    return json.loads(Image.open(path).text["Description"])
+
+
+@pytest.mark.slow
+def test_a_two_variant_sweep_runs_resumes_and_reports(tmp_path):
+    path = tiny_sweep(tmp_path)
+    runs, out = tmp_path / "runs", tmp_path / "results"
+    sweep = load_sweep(path, ROOT)
+    transformer, swa = run_specs(sweep, runs)
+    # An interrupted run: the transformer's own command, stopped (with a checkpoint) at step 4.
+    transformer.run_dir.mkdir(parents=True)
+    interrupted = subprocess.run([*transformer.train_command, "train.exit_at_step=4"], cwd=ROOT, capture_output=True,
+                                 text=True, timeout=600, env=one_device_env())
+    assert interrupted.returncode == 0, interrupted.stderr
+    assert not is_finished(transformer)
+
+    result = ablate("--sweep", str(path), "--runs-dir", str(runs), "--results-dir", str(out), "--jobs", "2")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "resuming from step 4 towards step 10" in (transformer.run_dir / "train.log").read_text()
+    steps = [json.loads(line)["step"] for line in (transformer.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, 11))
+
+    results = json.loads((out / "results.json").read_text())
+    assert results["commit"] and results["command"][:2] == ["python", "ablate.py"]
+    by_name = {v["name"]: v for v in results["variants"]}
+    assert list(by_name) == ["transformer", "swa"]
+    table = (out / "table.md").read_text()
+    for name, variant in by_name.items():
+        run, = variant["runs"]
+        assert run["status"] == "done" and run["train_command"] == list(transformer.train_command if name ==
+                                                                        "transformer" else swa.train_command)
+        curve = run["eval"]["curve"]
+        assert [p["step"] for p in curve] == [5, 10] and [p["tokens"] for p in curve] == [2560, 5120]
+        assert variant["summary"]["loss_mean"] == curve[-1]["loss"] < 6.0  # below a uniform guess over 258 bytes
+        assert f"| {name} |" in table and f"{curve[-1]['loss']:.3f}" in table
+        tokens_series = _png_series(out / "loss_vs_tokens.png")[name]
+        assert tokens_series == [[p["tokens"], p["loss"]] for p in curve]
+        flops_series = _png_series(out / "loss_vs_flops.png")[name]
+        assert flops_series == [[p["flops"], p["loss"]] for p in curve]
+        assert [y for _, y in _png_series(out / "loss_by_position.png")[name]] == \
+            [b["loss"] for b in run["eval"]["perplexity"]["by_position"]]
+        needle = run["eval"]["needle"]
+        assert needle["examples"] == 4 and set(needle["by_depth"]) == {"0.0", "1.0"}
+        assert _png_series(out / "needle_by_depth.png")[name] == [[float(d), a] for d, a in needle["by_depth"].items()]
+
+    log_lines = len((swa.run_dir / "train.log").read_text().splitlines())
+    again = ablate("--sweep", str(path), "--runs-dir", str(runs), "--results-dir", str(out))
+    assert again.returncode == 0 and "2 of 2 runs already done, skipped" in again.stdout
+    assert len((swa.run_dir / "train.log").read_text().splitlines()) == log_lines
+
+
+@pytest.mark.slow
+def test_a_failed_run_is_reported_and_does_not_stop_the_others(tmp_path):
+    from seqmodels.training.run_dir import RunDirLock
+
+    path = tiny_sweep(tmp_path, **{"budget": {"tokens": 1024}})
+    runs, out = tmp_path / "runs", tmp_path / "results"
+    transformer, _ = run_specs(load_sweep(path, ROOT), runs)
+    with RunDirLock(transformer.run_dir, message=lambda text: None):  # another live run owns this directory
+        result = ablate("--sweep", str(path), "--runs-dir", str(runs), "--results-dir", str(out), "--jobs", "2")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "transformer/seed0: failed: train.py exited 2: error:" in result.stdout
+    results = json.loads((out / "results.json").read_text())
+    failed, done = (v["runs"][0] for v in results["variants"])
+    assert failed["status"] == "failed" and "is in use by another run" in failed["error"]
+    assert done["status"] == "done" and "eval" in done
+    row = next(line for line in (out / "table.md").read_text().splitlines() if line.startswith("| transformer |"))
+    assert "seed 0: failed" in row and "is in use by another run" in row
+    assert ablate("--sweep", str(path), "--only", "nope", "--runs-dir", str(runs)).returncode == 2
