@@ -88,12 +88,12 @@ def write_seqmodels(staging: Path, config: ModelConfig, params: dict, *, dtype: 
 def seqmodels_model_config(hf: dict, source: str) -> ModelConfig:
     """The ``ModelConfig`` of a seqmodels export's ``config.json`` dict ``hf``."""
     from seqmodels.config import ConfigError
-    from seqmodels.config_io import config_from_dict
+    from seqmodels.config_io import model_config_from_dict
     if not isinstance(hf.get("model"), dict):
         raise HFFormatError(f"{source}: model_type 'seqmodels' needs the 'model' section (a dict), got "
                             f"{type(hf.get('model')).__name__}")
     try:
-        return config_from_dict({"model": hf["model"]}).model
+        return model_config_from_dict(hf["model"])
     except ConfigError as error:
         raise HFFormatError(f"{source}: its 'model' section is not a valid model config: {error}") from None
 
