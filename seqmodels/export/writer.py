@@ -25,7 +25,7 @@ import numpy as np
 
 from seqmodels.config import ModelConfig
 from seqmodels.export.torch import EXPORTED_FILES, PACKAGE_DIR
-from seqmodels.export.weight_map import abstract_unscanned_model, torch_tensor_rules
+from seqmodels.export.weight_map import abstract_unscanned_model, torch_shape, torch_tensor_rules
 from seqmodels.hf.errors import HFFormatError
 from seqmodels.hf.param_map import get_path, set_path
 from seqmodels.hf.safetensors_io import SafetensorsCheckpoint, write_checkpoint
@@ -111,10 +111,9 @@ def read_seqmodels_params(directory: Path, config: ModelConfig) -> dict:
                                 f"({len(names)} such tensors)")
     params = nnx.to_pure_dict(nnx.state(abstract_unscanned_model(config), nnx.Param))
     for rule in rules:
-        expected = tuple(get_path(params, rule.path).shape)
-        torch_shape = tuple(rule.to_hf(np.empty(expected, np.uint8)).shape)
-        if tuple(checkpoint.shape(rule.hf_name)) != torch_shape:
+        expected = torch_shape(rule, tuple(get_path(params, rule.path).shape))
+        if tuple(checkpoint.shape(rule.hf_name)) != expected:
             raise HFFormatError(f"{checkpoint.file_of(rule.hf_name)}: tensor {rule.hf_name!r} has shape "
-                                f"{list(checkpoint.shape(rule.hf_name))}; config.json implies {list(torch_shape)}")
+                                f"{list(checkpoint.shape(rule.hf_name))}; config.json implies {list(expected)}")
         set_path(params, rule.path, jnp.asarray(rule.to_project(checkpoint.read(rule.hf_name).astype(np.float32))))
     return params

@@ -68,6 +68,21 @@ def test_transformers_loads_the_export_offline_with_every_tensor_used(tmp_path, 
     assert set(model.state_dict()) == set(SafetensorsCheckpoint(out).names())
 
 
+def test_the_sliding_window_cache_keeps_only_the_sinks_and_the_window(tmp_path):
+    import torch
+    config = dataclasses.replace(_config_of("swa"), mixers=("swa",))
+    model = load_torch(export_model(config, random_params(config), tmp_path / "hf"))
+    window, sinks = config.swa.window, config.swa.num_sinks
+    tokens = torch.as_tensor(np.random.default_rng(0).integers(0, config.vocab_size, size=(1, 40)))
+    with torch.no_grad():
+        output = model(tokens[:, :1], use_cache=True)
+        for t in range(1, 40):
+            output = model(tokens[:, t:t + 1], cache=output.cache, use_cache=True)
+            kept = output.cache.layers[0]["positions"]
+            assert kept.tolist() == list(range(min(sinks, t + 1))) + list(range(max(sinks, t + 1 - window), t + 1))
+    assert output.cache.seen == 40
+
+
 @pytest.mark.parametrize("config", [
     pytest.param(dataclasses.replace(_config_of("atlas_mag"), tie_embeddings=False), id="atlas_mag_untied"),
     pytest.param(dataclasses.replace(_config_of("muonssm_longhorn"), mixers=("muonssm_longhorn", "mamba2", "atlas")),
@@ -85,6 +100,21 @@ def test_export_then_load_pretrained_is_bitwise(tmp_path, config):
 def nnx_params(model) -> dict:
     from flax import nnx
     return nnx.to_pure_dict(nnx.state(model, nnx.Param))
+
+
+def test_an_export_missing_a_tensor_or_with_a_wrong_shape_is_refused_naming_it(tmp_path):
+    from seqmodels.hf import HFFormatError
+    from seqmodels.hf.safetensors_io import write_safetensors
+    out = export_model(HYBRID, random_params(HYBRID), tmp_path / "hf")
+    checkpoint = SafetensorsCheckpoint(out)
+    tensors = {name: np.array(checkpoint.read(name)) for name in checkpoint.names()}
+    name = "model.blocks.1.mixer.a_log"
+    write_safetensors(out / "model.safetensors", {k: v for k, v in tensors.items() if k != name})
+    with pytest.raises(HFFormatError, match=f"tensor '{name}' is missing"):
+        load_pretrained(out)
+    write_safetensors(out / "model.safetensors", {**tensors, name: np.zeros(3, np.float32)})
+    with pytest.raises(HFFormatError, match=f"tensor '{name}' has shape \\[3\\]"):
+        load_pretrained(out)
 
 
 def test_a_scanned_model_exports_per_layer_and_loads_back_unscanned(tmp_path):

@@ -31,6 +31,7 @@ def test_export_matches_jax_logits_and_greedy_tokens(tmp_path, path):
     assert result["architecture"] == expected
     assert result["logit_scale"] > 1.0  # the tolerance is absolute on O(1) logits
     assert result["max_abs"] < LOGIT_TOLERANCE, result["max_abs"]
+    assert result["cached_max_abs"] < LOGIT_TOLERANCE, result["cached_max_abs"]  # the decoding cache's recurrent form
     np.testing.assert_array_equal(result["torch_tokens"], result["jax_tokens"])
 
 
@@ -43,7 +44,7 @@ def test_a_hybrid_list_through_the_seqmodels_attention_matches_jax(tmp_path):
         attention=AttentionConfig(num_kv_heads=2, qk_norm=True, conv_kernel=3, qkv_bias=True, rope_theta=500.0))
     result = measure_lm(config, random_params(config), tmp_path / "hf")
     assert result["architecture"] == "SeqmodelsForCausalLM" and result["logit_scale"] > 1.0
-    assert result["max_abs"] < LOGIT_TOLERANCE, result["max_abs"]
+    assert result["max_abs"] < LOGIT_TOLERANCE and result["cached_max_abs"] < LOGIT_TOLERANCE, result
     np.testing.assert_array_equal(result["torch_tokens"], result["jax_tokens"])
 
 
