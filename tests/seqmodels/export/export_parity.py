@@ -97,12 +97,14 @@ def measure_lm(config, params, directory) -> dict:
     logits = np.asarray(jax_logits(model, jnp.asarray(tokens)))
     jax_tokens = np.asarray(generate(model, tokens[:, :PROMPT], NEW_TOKENS)[0])
     return {"architecture": type(torch_model).__name__, "max_abs": float(np.abs(torch_logits - logits).max()),
-            "cached_max_abs": float(np.abs(cached - torch_logits).max()), "logit_scale": float(np.abs(logits).max()), "greedy_equal": bool(np.array_equal(torch_tokens, jax_tokens)),
-            "torch_tokens": torch_tokens, "jax_tokens": jax_tokens}
+            "cached_max_abs": float(np.abs(cached - logits).max()), "logit_scale": float(np.abs(logits).max()),
+            "greedy_equal": bool(np.array_equal(torch_tokens, jax_tokens)), "torch_tokens": torch_tokens,
+            "jax_tokens": jax_tokens}
 
 
 def main() -> int:
-    print("| config | mixers | exported as | max abs logit diff | from the cache | logit scale | 16 greedy tokens equal |")
+    print("| config | mixers | exported as | max abs logit diff | decoded from the cache | logit scale | "
+          "16 greedy tokens equal |")
     print("|---|---|---|---|---|---|---|")
     for path in CONFIGS[int(sys.argv[1]) if len(sys.argv) > 1 else 0:]:
         config = tiny_config(path)
