@@ -176,20 +176,27 @@ def test_a_run_without_checkpoints_is_refused_and_nothing_is_written(tmp_path, c
 
 @pytest.mark.slow
 def test_export_py_exports_a_trained_hybrid_run_and_refuses_bad_steps_and_full_directories(tmp_path, capsys):
+    """The run trains sharded over the 8 simulated devices (fsdp 4 x tensor 2); its export equals the export of
+    the same weights held on one device."""
     from seqmodels.evaluation.loading import load_run
     import train as train_entry
     run, out = tmp_path / "run", tmp_path / "hf"
     corpus = str(write_corpus(tmp_path / "corpus") / "*.txt")
     overrides = tiny_overrides(run, corpus, train__steps=3, checkpoint__every_steps=3,
-                               **{"model.mixers": "[swa, gated_deltanet]", "model.swa.window": 8})
+                               **{"model.mixers": "[swa, gated_deltanet]", "model.swa.window": 8,
+                                  "mesh.data": 1, "mesh.fsdp": 4, "mesh.tensor": 2})
     assert train_entry.main(overrides) == 0
     _refused(capsys, ["--run", str(run), "--out", str(out), "--step", "7"], "no checkpoint at step 7")
     assert not out.exists()
     assert export_entry.main(["--run", str(run), "--out", str(out), "--step", "3"]) == 0
     assert "exported step 3" in capsys.readouterr().out
-    _, model, _ = load_run(run)
+    config, model, _ = load_run(run)
     for (path, expected), (_, got) in zip(_leaves(nnx_params(model)), _leaves(nnx_params(load_pretrained(out)))):
         np.testing.assert_array_equal(got, expected, err_msg=path)
+    one_device = jax.device_put(jax.device_get(nnx_params(model)), jax.devices()[0])
+    single = export_model(config.model, one_device, tmp_path / "one_device")
+    for name in sorted(path.name for path in single.iterdir()):
+        assert (single / name).read_bytes() == (out / name).read_bytes(), name
     (out / "mine.txt").write_text("keep")
     _refused(capsys, ["--run", str(run), "--out", str(out)], "not an empty directory")
     assert (out / "mine.txt").read_text() == "keep"
