@@ -102,6 +102,12 @@ def measure_lm(config, params, directory) -> dict:
             "jax_tokens": jax_tokens}
 
 
+def parity_row(name: str, config, result: dict) -> str:
+    """One markdown row of the parity table."""
+    return (f"| {name} | {', '.join(config.mixers)} | {result['architecture']} | {result['max_abs']:.2e} | "
+            f"{result['cached_max_abs']:.2e} | {result['logit_scale']:.2f} | {result['greedy_equal']} |")
+
+
 def main() -> int:
     print("| config | mixers | exported as | max abs logit diff | decoded from the cache | logit scale | "
           "16 greedy tokens equal |")
@@ -112,9 +118,7 @@ def main() -> int:
             continue
         with tempfile.TemporaryDirectory() as directory:
             result = measure_lm(config, random_params(config), Path(directory) / "hf")
-        print(f"| {config_name(path)} | {', '.join(config.mixers)} | {result['architecture']} | "
-              f"{result['max_abs']:.2e} | {result['cached_max_abs']:.2e} | {result['logit_scale']:.2f} | "
-              f"{result['greedy_equal']} |", flush=True)
+        print(parity_row(config_name(path), config, result), flush=True)
     return 0
 
 

@@ -10,7 +10,7 @@ import dataclasses
 import numpy as np
 import pytest
 from export_parity import (CONFIGS, LOGIT_TOLERANCE, config_name, jax_logits, jax_model, load_torch, measure_lm,
-                           random_params, tiny_config)
+                           parity_row, random_params, tiny_config)
 
 from seqmodels.config import AttentionConfig
 
@@ -27,6 +27,7 @@ def _case(path):
 def test_export_matches_jax_logits_and_greedy_tokens(tmp_path, path):
     config = tiny_config(path)
     result = measure_lm(config, random_params(config), tmp_path / "hf")
+    print(parity_row(config_name(path), config, result))  # the README's table row (pytest -rP shows it)
     expected = "LlamaForCausalLM" if set(config.mixers) == {"attention"} else "SeqmodelsForCausalLM"
     assert result["architecture"] == expected
     assert result["logit_scale"] > 1.0  # the tolerance is absolute on O(1) logits
@@ -43,6 +44,7 @@ def test_a_hybrid_list_through_the_seqmodels_attention_matches_jax(tmp_path):
         base, mixers=("swa", "mamba2", "attention"), num_heads=4, tie_embeddings=False,
         attention=AttentionConfig(num_kv_heads=2, qk_norm=True, conv_kernel=3, qkv_bias=True, rope_theta=500.0))
     result = measure_lm(config, random_params(config), tmp_path / "hf")
+    print(parity_row("hybrid (GQA, q/k norm, conv, biases)", config, result))
     assert result["architecture"] == "SeqmodelsForCausalLM" and result["logit_scale"] > 1.0
     assert result["max_abs"] < LOGIT_TOLERANCE and result["cached_max_abs"] < LOGIT_TOLERANCE, result
     np.testing.assert_array_equal(result["torch_tokens"], result["jax_tokens"])
@@ -85,4 +87,6 @@ def test_looped_export_agrees_on_accept_or_reject_of_64_strings(tmp_path, varian
     jax_accepts = np.concatenate([d[1] for d in decisions])
     assert len(jax_accepts) == 64 and 0 < jax_accepts.sum() < 64  # both decisions occur
     np.testing.assert_array_equal(torch_accepts, jax_accepts)
+    print(f"| {variant} | {config.looped.mixer} (looped) | SeqmodelsLoopedForSequenceClassification | "
+          f"{max(differences):.2e} | accept/reject equal on 64: {bool(np.array_equal(torch_accepts, jax_accepts))} |")
     assert max(differences) < LOGIT_TOLERANCE, max(differences)
