@@ -3,7 +3,7 @@
 ``export_seqmodels`` writes
 
 - ``config.json``: ``model_type: seqmodels``, the resolved ``model`` section (``scan_layers`` off: the
-  weights are per layer), ``architectures`` and ``auto_map`` (``SeqmodelsForCausalLM`` for the decoder LM,
+  weights are per layer; ``init_from`` empty: the weights are in the directory), ``architectures`` and ``auto_map`` (``SeqmodelsForCausalLM`` for the decoder LM,
   ``SeqmodelsLoopedForSequenceClassification`` for ``model.kind: looped``), ``torch_dtype``;
 - ``model.safetensors`` (shards and an index above 2 GB) in the PyTorch layouts of ``weight_map``;
 - the files of ``seqmodels/export/torch/`` (``EXPORTED_FILES``), which ``transformers`` runs with
@@ -61,7 +61,7 @@ def torch_tensors(config: ModelConfig, params: dict, dtype: str = "float32") -> 
 def seqmodels_hf_config(config: ModelConfig, *, torch_dtype: str, token_ids: dict | None = None) -> dict:
     """The ``config.json`` dict of an export of ``config`` (module docstring)."""
     from seqmodels.config_io import to_dict
-    model = to_dict(dataclasses.replace(config, scan_layers=False))
+    model = to_dict(dataclasses.replace(config, scan_layers=False, init_from=""))  # self-contained: the weights are here
     architecture, auto_class = ARCHITECTURES[config.kind]
     hf = {"architectures": [architecture], "model_type": MODEL_TYPE,
           "auto_map": {"AutoConfig": "configuration_seqmodels.SeqmodelsConfig",
