@@ -9,6 +9,10 @@
 - the files of ``seqmodels/export/torch/`` (``EXPORTED_FILES``), which ``transformers`` runs with
   ``trust_remote_code=True``; ``generation_config.json``; the tokenizer files of an ``hf:`` tokenizer.
 
+A new ``model.kind`` (e.g. AHN: a compressor per layer on a Llama-shaped base) adds its entry to
+``ARCHITECTURES`` and its classes to ``torch/modeling_seqmodels.py``; the weight map needs nothing new
+while its layers are ``Dense`` / ``DenseOut`` / ``ShortConv`` / ``RMSNorm`` or plain parameters.
+
 ``read_seqmodels_params`` is the inverse (``load_pretrained`` of such a directory): the float32
 parameter dict, bitwise the exported one for a float32 export.
 """
