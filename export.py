@@ -1,11 +1,15 @@
 """Export a run's checkpoint as a Hugging Face model: ``python export.py --run RUN --out DIR [--step N]
-[--dtype float32|bfloat16]``.
+[--dtype float32|bfloat16] [--force]``.
 
 A Transformer++ run (every layer ``attention``, SwiGLU MLPs, no q/k norm or convolution) becomes a
 plain ``LlamaForCausalLM`` (``Qwen2ForCausalLM`` with ``model.attention.qkv_bias``) that
-``transformers.AutoModelForCausalLM.from_pretrained(DIR)`` loads with no remote code: ``config.json``,
-``model.safetensors`` (sharded with an index above 2 GB), ``generation_config.json``, and the tokenizer
-files when the run used ``data.tokenizer: hf:DIR``. Other architectures are refused, naming the mixer.
+``transformers.AutoModelForCausalLM.from_pretrained(DIR)`` loads with no remote code. Every other
+architecture (any ``model.mixers`` list, the looped model) becomes ``model_type: seqmodels`` with its
+own pure-PyTorch modules in the directory, loaded with ``trust_remote_code=True``
+(``AutoModelForCausalLM``; the looped model: ``AutoModelForSequenceClassification``). Either way:
+``config.json``, ``model.safetensors`` (sharded with an index above 2 GB), ``generation_config.json``,
+and the tokenizer files when the run used ``data.tokenizer: hf:DIR``. ``--out`` must not exist or be
+empty unless ``--force``; nothing is written when the export fails.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run", required=True, help="run directory (train.run_dir of the run)")
     parser.add_argument("--out", required=True, help="directory to write (must not exist, or be empty)")
+    parser.add_argument("--force", action="store_true",
+                        help="replace an existing --out directory (once the new export is complete)")
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                         help="dtype of the written weights")
@@ -31,7 +37,7 @@ def main(argv=None) -> int:
     from seqmodels.hf.export import export_run
     from seqmodels.training.checkpoint import CheckpointError
     try:
-        out, step = export_run(args.run, args.out, step=args.step, dtype=args.dtype)
+        out, step = export_run(args.run, args.out, step=args.step, dtype=args.dtype, force=args.force)
     except (HFFormatError, CheckpointError, ConfigError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from seqmodels.config import Config, ConfigError
+from seqmodels.config import Config, ConfigError, ModelConfig
 from seqmodels.config_base import choice_error, is_choice, literal_choices
 
 
@@ -209,6 +209,11 @@ def load_config(path=None, overrides=()) -> Config:
 def config_from_dict(tree: dict) -> Config:
     """Rebuild a ``Config`` from ``to_dict`` output (e.g. the copy saved with a checkpoint)."""
     return _build(Config, tree, "")
+
+
+def model_config_from_dict(tree: dict) -> ModelConfig:
+    """A ``ModelConfig`` from the ``model`` section of ``to_dict`` output (e.g. an export's config.json)."""
+    return _build(ModelConfig, tree, "model.")
 
 
 def to_dict(config) -> dict:

@@ -1,6 +1,7 @@
 """Test-wide set-up: 8 simulated CPU devices for the sharding tests (must precede importing jax)."""
 
 import os
+import tempfile
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -10,6 +11,9 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 # Programs compiled once are reused across tests and the subprocesses they start.
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(os.path.dirname(__file__), "..", ".jax_cache"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
+# transformers copies an export's remote-code modules into this cache when loading it; one per test process,
+# so two workers never write and import the same copies at once.
+os.environ["HF_MODULES_CACHE"] = tempfile.mkdtemp(prefix="hf_modules_")  # not inherited: xdist workers each set theirs
 
 import random  # noqa: E402
 

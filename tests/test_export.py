@@ -11,9 +11,8 @@ from flax import nnx
 
 import export as export_entry
 import train as train_entry
-from seqmodels.config import AttentionConfig, Config, ModelConfig
-from seqmodels.config_io import save_config
-from seqmodels.hf import HFFormatError, load_pretrained
+from seqmodels.config import AttentionConfig, ModelConfig
+from seqmodels.hf import load_pretrained
 from seqmodels.hf.export import export_model
 from seqmodels.models import build_model
 
@@ -74,18 +73,14 @@ def test_bfloat16_export_holds_the_rounded_weights_and_shards_with_an_index(tmp_
     assert not np.array_equal(rounded, np.asarray(params["embed"]))
 
 
-@pytest.mark.parametrize("change,message", [
-    (dict(mixers=("swa", "attention")), "layer 0 is mixer 'swa'"),
-    (dict(attention=AttentionConfig(qk_norm=True)), "model.attention.qk_norm = True has no Llama"),
-])
-def test_other_architectures_are_refused_naming_what_differs(tmp_path, change, message):
-    run = tmp_path / "run"
-    run.mkdir()
-    save_config(Config(model=dataclasses.replace(LLAMA, **change)), run / "config.yaml")
-    assert export_entry.main(["--run", str(run), "--out", str(tmp_path / "hf")]) == 2
-    assert not (tmp_path / "hf").exists()
-    with pytest.raises(HFFormatError, match=message):
-        export_model(dataclasses.replace(LLAMA, **change), {}, tmp_path / "hf")
+@pytest.mark.parametrize("change", [dict(mixers=("swa", "attention")), dict(attention=AttentionConfig(qk_norm=True))])
+def test_what_a_llama_cannot_hold_exports_as_a_seqmodels_model(tmp_path, change):
+    """A layer other than plain attention (or a setting Llama lacks) is exported with its own PyTorch modules."""
+    config = dataclasses.replace(LLAMA, **change)
+    out = export_model(config, random_params(config), tmp_path / "hf")
+    hf_config = json.loads((out / "config.json").read_text())
+    assert hf_config["model_type"] == "seqmodels" and hf_config["architectures"] == ["SeqmodelsForCausalLM"]
+    assert (out / "modeling_seqmodels.py").is_file()
 
 
 def test_export_py_writes_a_trained_run_that_loads_back_bitwise(tmp_path, capsys):

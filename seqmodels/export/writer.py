@@ -3,11 +3,15 @@
 ``export_seqmodels`` writes
 
 - ``config.json``: ``model_type: seqmodels``, the resolved ``model`` section (``scan_layers`` off: the
-  weights are per layer), ``architectures`` and ``auto_map`` (``SeqmodelsForCausalLM`` for the decoder LM,
+  weights are per layer; ``init_from`` empty: the weights are in the directory), ``architectures`` and ``auto_map`` (``SeqmodelsForCausalLM`` for the decoder LM,
   ``SeqmodelsLoopedForSequenceClassification`` for ``model.kind: looped``), ``torch_dtype``;
 - ``model.safetensors`` (shards and an index above 2 GB) in the PyTorch layouts of ``weight_map``;
 - the files of ``seqmodels/export/torch/`` (``EXPORTED_FILES``), which ``transformers`` runs with
   ``trust_remote_code=True``; ``generation_config.json``; the tokenizer files of an ``hf:`` tokenizer.
+
+A new ``model.kind`` (e.g. AHN: a compressor per layer on a Llama-shaped base) adds its entry to
+``ARCHITECTURES`` and its classes to ``torch/modeling_seqmodels.py``; the weight map needs nothing new
+while its layers are ``Dense`` / ``DenseOut`` / ``ShortConv`` / ``RMSNorm`` or plain parameters.
 
 ``read_seqmodels_params`` is the inverse (``load_pretrained`` of such a directory): the float32
 parameter dict, bitwise the exported one for a float32 export.
@@ -25,7 +29,7 @@ import numpy as np
 
 from seqmodels.config import ModelConfig
 from seqmodels.export.torch import EXPORTED_FILES, PACKAGE_DIR
-from seqmodels.export.weight_map import abstract_unscanned_model, torch_tensor_rules
+from seqmodels.export.weight_map import abstract_unscanned_model, torch_shape, torch_tensor_rules
 from seqmodels.hf.errors import HFFormatError
 from seqmodels.hf.param_map import get_path, set_path
 from seqmodels.hf.safetensors_io import SafetensorsCheckpoint, write_checkpoint
@@ -61,7 +65,7 @@ def torch_tensors(config: ModelConfig, params: dict, dtype: str = "float32") -> 
 def seqmodels_hf_config(config: ModelConfig, *, torch_dtype: str, token_ids: dict | None = None) -> dict:
     """The ``config.json`` dict of an export of ``config`` (module docstring)."""
     from seqmodels.config_io import to_dict
-    model = to_dict(dataclasses.replace(config, scan_layers=False))
+    model = to_dict(dataclasses.replace(config, scan_layers=False, init_from=""))  # self-contained: the weights are here
     architecture, auto_class = ARCHITECTURES[config.kind]
     hf = {"architectures": [architecture], "model_type": MODEL_TYPE,
           "auto_map": {"AutoConfig": "configuration_seqmodels.SeqmodelsConfig",
@@ -88,12 +92,12 @@ def write_seqmodels(staging: Path, config: ModelConfig, params: dict, *, dtype: 
 def seqmodels_model_config(hf: dict, source: str) -> ModelConfig:
     """The ``ModelConfig`` of a seqmodels export's ``config.json`` dict ``hf``."""
     from seqmodels.config import ConfigError
-    from seqmodels.config_io import config_from_dict
+    from seqmodels.config_io import model_config_from_dict
     if not isinstance(hf.get("model"), dict):
         raise HFFormatError(f"{source}: model_type 'seqmodels' needs the 'model' section (a dict), got "
                             f"{type(hf.get('model')).__name__}")
     try:
-        return config_from_dict({"model": hf["model"]}).model
+        return model_config_from_dict(hf["model"])
     except ConfigError as error:
         raise HFFormatError(f"{source}: its 'model' section is not a valid model config: {error}") from None
 
@@ -111,10 +115,9 @@ def read_seqmodels_params(directory: Path, config: ModelConfig) -> dict:
                                 f"({len(names)} such tensors)")
     params = nnx.to_pure_dict(nnx.state(abstract_unscanned_model(config), nnx.Param))
     for rule in rules:
-        expected = tuple(get_path(params, rule.path).shape)
-        torch_shape = tuple(rule.to_hf(np.empty(expected, np.uint8)).shape)
-        if tuple(checkpoint.shape(rule.hf_name)) != torch_shape:
+        expected = torch_shape(rule, tuple(get_path(params, rule.path).shape))
+        if tuple(checkpoint.shape(rule.hf_name)) != expected:
             raise HFFormatError(f"{checkpoint.file_of(rule.hf_name)}: tensor {rule.hf_name!r} has shape "
-                                f"{list(checkpoint.shape(rule.hf_name))}; config.json implies {list(torch_shape)}")
+                                f"{list(checkpoint.shape(rule.hf_name))}; config.json implies {list(expected)}")
         set_path(params, rule.path, jnp.asarray(rule.to_project(checkpoint.read(rule.hf_name).astype(np.float32))))
     return params

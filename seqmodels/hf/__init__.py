@@ -1,5 +1,7 @@
 """Hugging Face interop: Llama / Qwen2 checkpoints in (``load_pretrained``, ``load_tokenizer``, GGUF
-conversion with ``python -m seqmodels.hf.convert_gguf``) and Transformer++ out (``export.py``).
+conversion with ``python -m seqmodels.hf.convert_gguf``), every architecture out (``export.py``: Transformer++
+as Llama / Qwen2, the rest as ``model_type: seqmodels`` with ``seqmodels.export``'s PyTorch modules), and
+those exports back in (``load_pretrained``).
 
 Names are imported on first use (PEP 562), so ``seqmodels.data`` can use the tokenizer without
 importing the model code that ``load_pretrained`` needs.

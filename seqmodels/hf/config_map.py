@@ -123,8 +123,8 @@ def check_exportable(model: ModelConfig) -> None:
     for index, name in enumerate(model.mixers):
         if name != "attention":
             raise HFFormatError(f"layer {index} is mixer {name!r}: only Transformer++ (every layer 'attention') "
-                                "exports as a Hugging Face Llama / Qwen2 until the PyTorch modules for other "
-                                "mixers exist")
+                                "is a Hugging Face Llama / Qwen2 (other architectures export as model_type "
+                                "seqmodels)")
     settings = {"model.mlp": (model.mlp, True), "model.attention.qk_norm": (model.attention.qk_norm, False),
                 "model.attention.conv_kernel": (model.attention.conv_kernel, 0),
                 "model.attention.causal": (model.attention.causal, True)}

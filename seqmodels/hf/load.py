@@ -70,6 +70,9 @@ def _check_names(checkpoint: SafetensorsCheckpoint, config: ModelConfig, wanted:
 def load_pretrained_params(path, config: ModelConfig) -> dict:
     """The nested float32 parameter dict (``nnx.to_pure_dict`` layout) of the directory's checkpoint for ``config``."""
     directory = hf_directory(path)
+    if read_json(directory / "config.json").get("model_type") == SEQMODELS_MODEL_TYPE:
+        from seqmodels.export.writer import read_seqmodels_params
+        return read_seqmodels_params(directory, dataclasses.replace(config, scan_layers=False))
     checkpoint = SafetensorsCheckpoint(directory)
     rules = tensor_rules(config)
     _check_names(checkpoint, config, {rule.hf_name for rule in rules})
@@ -97,10 +100,6 @@ def load_pretrained(path, *, base: ModelConfig | None = None):
     tensor whose shape does not match the config.
     """
     config = load_model_config(path, base)
-    if read_json(hf_directory(path) / "config.json").get("model_type") == SEQMODELS_MODEL_TYPE:
-        from seqmodels.export.writer import read_seqmodels_params
-        params = read_seqmodels_params(hf_directory(path), config)
-    else:
-        params = load_pretrained_params(path, config)
+    params = load_pretrained_params(path, config)
     graphdef, _ = abstract_model(config)
     return nnx.merge(graphdef, params)

@@ -15,6 +15,13 @@ Rows are plain (no padding, no packed documents). Each mixer module (``MIXERS``)
 ``(x [B, T, D], positions [T], cache)`` and returns ``(y, cache)``; ``cache`` is None (no decoding)
 or the layer's dict, empty before the first token and updated in place. ``SeqmodelsCache`` holds one
 per layer, so ``generate`` prefills the prompt and then decodes one token per step from the cache.
+
+Where this differs from the JAX model, and why: the recurrent mixers run their recurrent form over
+the prompt too (one state update per token; JAX trains with the chunked forms, equal within float32
+round-off), chosen for being obviously the docstring's equations; a chunked form for long prompts is
+not written yet. Attention scores and every recurrent state are float32 whatever the weights' dtype,
+and in a bfloat16 export Atlas's Newton-Schulz also runs in float32 (JAX: ``model.compute_dtype``
+operands with float32 accumulation).
 """
 
 from __future__ import annotations
