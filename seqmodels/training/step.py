@@ -4,6 +4,10 @@ The batch ``[B, L]`` is split into ``grad_accum`` micro-batches ``[A, B/A, L]`` 
 each contributes the gradient of its *summed* loss, and the sum is divided once by the total number
 of loss tokens. The result therefore equals the gradient of the mean loss over the whole batch,
 whatever the accumulation factor (up to float summation order).
+
+The metrics also hold the per-layer diagnostics the mixers sow during the forward
+(``seqmodels.training.diagnostics``, e.g. ``atlas/layer_0/memory_norm``), averaged over the
+micro-batches; they take no second forward.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
+
+from seqmodels.training.diagnostics import loss_and_diagnostics
 
 
 def _split_microbatches(batch: dict, grad_accum: int) -> dict:
@@ -26,8 +32,8 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, schedule,
     """The step function (not jitted: the loop jits it with explicit shardings)."""
 
     def summed_loss(params, micro):
-        loss_sum, count = nnx.merge(graphdef, params).loss(micro)
-        return loss_sum, count
+        (loss_sum, count), diagnostics = loss_and_diagnostics(nnx.merge(graphdef, params), micro)
+        return loss_sum, (count, diagnostics)
 
     grad_fn = jax.value_and_grad(summed_loss, has_aux=True)
 
@@ -38,19 +44,20 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, schedule,
 
         def accumulate(carry, one):
             grads, loss_sum, count = carry
-            (micro_loss, micro_count), micro_grads = grad_fn(params, one)
+            (micro_loss, (micro_count, diagnostics)), micro_grads = grad_fn(params, one)
             grads = jax.tree.map(jnp.add, grads, micro_grads)
-            return (grads, loss_sum + micro_loss, count + micro_count), None
+            return (grads, loss_sum + micro_loss, count + micro_count), diagnostics
 
         init = (zeros, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32))
-        (grads, loss_sum, count), _ = jax.lax.scan(accumulate, init, micro)
+        (grads, loss_sum, count), diagnostics = jax.lax.scan(accumulate, init, micro)
         denominator = jnp.maximum(count, 1.0)
         grads = jax.tree.map(lambda g: g / denominator, grads)
         updates, opt_state = optimizer.update(grads, state["opt_state"], params)
         new_state = {"step": state["step"] + 1, "params": optax.apply_updates(params, updates),
                      "opt_state": opt_state}
         metrics = {"loss": loss_sum / denominator, "grad_norm": optax.tree.norm(grads),
-                   "learning_rate": schedule(state["step"]), "loss_tokens": count}
+                   "learning_rate": schedule(state["step"]), "loss_tokens": count,
+                   **{name: jnp.mean(values) for name, values in diagnostics.items()}}
         return new_state, metrics
 
     return train_step
