@@ -150,6 +150,9 @@ class AtlasConfig:
     ns_coefficients: NsCoefficients = describe("Newton-Schulz polynomial schedule", "muon")
     memory_depth: int = describe("memory: 1 = a matrix (linear), 2 = a 2-layer MLP with a residual", 2)
     memory_expansion: int = describe("hidden width of the MLP memory, in multiples of the head dimension", 2)
+    memory_norm: bool = describe(
+        "LayerNorm the memory's branch with a learned per-head gain and add the residual: M(phi) = phi[:D] + "
+        "g * LN(MLP(phi)) (the Titans reference code's ResidualNorm; the gain is an outer parameter)", False)
     conv_size: int = describe("short causal convolution over q, k, v (1 = pointwise)", 4)
     alpha_range: tuple[float, ...] = describe("[low, high] of the memory retention gate alpha_t, within [0, 1]",
                                               factory=lambda: (0.9, 1.0))

@@ -15,6 +15,9 @@ initial memory, ``l`` the inner loss ``|| M(phi(k)) - v ||^2``):
               (eta_scales = "update": S_t = theta_t S_{t-1} - G_t and M_t = alpha_t M_{t-1} + eta_t NS_k(S_t))
     y_t     = M_t(phi(q_t))
 
+``M(phi)`` is ``memory.memory_apply`` (with ``layout.norm`` its branch is layer-normalised with the
+gain ``inputs.norm_gain`` and the residual added: ``memory.py``).
+
 So every window term of token t is evaluated at t's chunk-start memory, the paper's chunk-parallel
 form (all gradients of a chunk at ``M_{t'}``, the memory of the chunk start): the terms of tokens
 that lie in the previous chunk (the window reaching back ``c - 1`` tokens) are re-evaluated at the
@@ -70,20 +73,26 @@ def _check(inputs, initial_memory, settings, partition_spec) -> None:
 
 
 def atlas_memory(inputs: AtlasInputs, initial_memory: tuple, settings: AtlasSettings, *, impl: str = "auto",
-                 partition_spec: PartitionSpec | None = None):
+                 partition_spec: PartitionSpec | None = None, return_memory: bool = False):
     """Outputs ``y [B, T, H, V]`` (float32) of the recurrence over whole rows (module docstring).
 
     Args:
-      inputs: the per-token ``AtlasInputs`` (float32 features, values and gates; int segment ids).
+      inputs: the per-token ``AtlasInputs`` (float32 features, values and gates; int segment ids; the
+        ``[H, V]`` LayerNorm gain when ``settings.layout.norm``).
       initial_memory: ``M_0`` as one ``[H, m, n]`` array per weight matrix.
       settings: window, chunk size, Newton-Schulz steps and schedule, clip, where eta scales.
       impl: ``"auto" | "reference" | "xla" | "pallas"``.
       partition_spec: how the ``[B, T, H, ...]`` inputs are sharded, e.g. ``P(("data", "fsdp"), None, "tensor")``.
+      return_memory: also return ``M_T``, the memory after each row's last position (one
+        ``[B, H, m, n]`` float32 array per weight matrix): ``(y, M_T)``.
     """
     _check(inputs, initial_memory, settings, partition_spec)
-    if _common.resolve_impl(impl, _common.KERNEL_PLATFORMS) == "reference":
-        return reference.reference(inputs, initial_memory, settings)
-    return xla.chunked(inputs, initial_memory, settings, impl=impl, partition_spec=partition_spec)
+    impl = _common.resolve_impl(impl, _common.KERNEL_PLATFORMS)
+    if impl == "reference":
+        y, memory = reference.reference(inputs, initial_memory, settings)
+    else:
+        y, memory = xla.chunked(inputs, initial_memory, settings, impl=impl, partition_spec=partition_spec)
+    return (y, memory) if return_memory else y
 
 
 def atlas_memory_step(state: dict, inputs: AtlasInputs, initial_memory: tuple, settings: AtlasSettings, *,

@@ -23,7 +23,7 @@ class AtlasInputs(NamedTuple):
     eta: jax.Array        # inner learning rate
     gamma: jax.Array      # weight of the token's loss in the window
     segment_ids: jax.Array  # [B, T] int; 0 = padding, a change of id starts a document
-
+    norm_gain: jax.Array | None = None  # [H, V] gain of the memory's LayerNorm (MemoryLayout.norm), else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +61,13 @@ def check_inputs(inputs: AtlasInputs, initial_memory: tuple, layout: MemoryLayou
         got = tuple(getattr(getattr(inputs, name), "shape", ()))
         if got != tuple(shape):
             raise ValueError(f"{name} must have shape {tuple(shape)} (from phi_k [B, T, H, F]), got {got}")
+    if layout.norm != (inputs.norm_gain is not None):
+        raise ValueError(f"norm_gain must be an [H, V] array when the memory layout has norm=True and None "
+                         f"otherwise; layout norm={layout.norm}, norm_gain "
+                         f"{'None' if inputs.norm_gain is None else tuple(inputs.norm_gain.shape)}")
+    if layout.norm and tuple(inputs.norm_gain.shape) != (heads, layout.value_dim):
+        raise ValueError(f"norm_gain must have shape [H, V] = {(heads, layout.value_dim)}, "
+                         f"got {tuple(inputs.norm_gain.shape)}")
     if len(initial_memory) != len(layout.shapes):
         raise ValueError(f"initial_memory must hold {len(layout.shapes)} matrices, got {len(initial_memory)}")
     for i, ((m, n), weight) in enumerate(zip(layout.shapes, initial_memory)):

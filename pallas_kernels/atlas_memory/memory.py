@@ -10,12 +10,30 @@ The residual ``phi[:V]`` of the deep memory is the degree-1 block of the feature
 feature map puts the key first; keys and values share the head dimension ``V``), so the MLP learns
 a correction to the identity.
 
+With ``layout.norm`` (``model.atlas.memory_norm``) the branch is layer-normalised with a learned
+gain ``g [V]`` and the residual is added at either depth, the rule of the Titans reference code
+(titans-pytorch's ``ResidualNorm``: ``LayerNorm(model(x)) + x``) and of TTT's inner model:
+
+    o = phi W  (linear)  or  silu(phi W1) W2  (deep)                 the branch
+    M(phi) = phi[:V] + g * LN(o),   LN(o) = (o - mean(o)) / sqrt(var(o) + eps),  eps = 1e-5
+
+``g`` is an outer parameter (``[H, V]`` per head, learned by the optimiser, fixed within a
+sequence); the test-time updates change only the weight matrices. Departure from titans-pytorch,
+whose gain is one of the memory's weights (updated by the inner gradient steps, per head): here
+Newton-Schulz would turn every step of a ``[1, V]`` gain into a unit-norm vector (NS of a rank-1
+matrix is its direction), and TTT, whose inner model titans-pytorch cites for this rule, keeps its
+LayerNorm weight as an outer parameter too. LayerNorm has no bias (titans-pytorch: none; TTT: one).
+``eps = 1e-5`` is torch's ``LayerNorm`` default, which titans-pytorch uses.
+
 Inner loss of one token and its gradient, in closed form (outer products, ``(x)``):
 
     l(M; k, v) = || M(phi) - v ||^2,   e = M(phi) - v
     linear:  dl/dW  = phi (x) 2e
-    deep:    z = phi W1, a = silu(z), g = 2e
-             dl/dW2 = a (x) g,   dl/dW1 = phi (x) ((W2 g) * silu'(z))
+    deep:    z = phi W1, a = silu(z)
+             dl/dW2 = a (x) 2e,   dl/dW1 = phi (x) ((W2 2e) * silu'(z))
+
+    with norm (gain g):  n = LN(o), u = g * 2e,
+             dl/do  = (u - mean(u) - n mean(u * n)) / sqrt(var(o) + eps)       replaces 2e above
 
 ``gradient_factors`` returns these as (left, right) vector pairs, one per weight matrix.
 
@@ -39,11 +57,13 @@ from pallas_kernels.newton_schulz import newton_schulz
 
 @dataclass(frozen=True)
 class MemoryLayout:
-    """Dimensions of one head's memory: features F, values V, MLP hidden E (0 = linear memory)."""
+    """Dimensions of one head's memory: features F, values V, MLP hidden E (0 = linear memory), and
+    whether the branch is layer-normalised with a gain, plus the residual (module docstring)."""
 
     feature_dim: int
     value_dim: int
     hidden_dim: int = 0
+    norm: bool = False
 
     def __post_init__(self):
         if self.feature_dim < self.value_dim or self.value_dim < 1 or self.hidden_dim < 0:
@@ -75,31 +95,71 @@ def _silu_derivative(z):
     return s * (1.0 + z * (1.0 - s))
 
 
-def memory_apply(weights: tuple, phi: jax.Array, layout: MemoryLayout) -> jax.Array:
-    """``M(phi)``: weights ``[..., m, n]`` per matrix, phi ``[..., F]`` (leading axes broadcast) -> ``[..., V]``."""
+NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, as in titans-pytorch
+
+
+def _check_gain(gain, layout: MemoryLayout) -> None:
+    if layout.norm and gain is None:
+        raise ValueError("a memory with norm=True needs its gain [..., V]; got gain=None")
+    if not layout.norm and gain is not None:
+        raise ValueError("gain is only used by a memory with norm=True; this layout has norm=False")
+
+
+def _layer_norm(branch):
+    """``(LN(branch), 1 / sqrt(var + eps))`` over the last axis (no gain, no bias)."""
+    centred = branch - jnp.mean(branch, axis=-1, keepdims=True)
+    inverse_std = jax.lax.rsqrt(jnp.mean(jnp.square(centred), axis=-1, keepdims=True) + NORM_EPS)
+    return centred * inverse_std, inverse_std
+
+
+def _layer_norm_backward(normed, inverse_std, upstream):
+    """``dl/d branch`` from ``upstream = dl/d LN(branch)`` (module docstring)."""
+    mean_upstream = jnp.mean(upstream, axis=-1, keepdims=True)
+    mean_product = jnp.mean(upstream * normed, axis=-1, keepdims=True)
+    return inverse_std * (upstream - mean_upstream - normed * mean_product)
+
+
+def _branch(weights: tuple, phi: jax.Array, layout: MemoryLayout):
+    """``(o, hidden pre-activation, hidden)``: the branch output and, deep, its hidden layer (else None)."""
     if not layout.deep:
-        return _matvec(phi, weights[0])
-    hidden = jax.nn.silu(_matvec(phi, weights[0]))
-    return phi[..., :layout.value_dim] + _matvec(hidden, weights[1])
-
-
-def memory_loss(weights: tuple, phi: jax.Array, values: jax.Array, layout: MemoryLayout) -> jax.Array:
-    """``sum || M(phi) - v ||^2`` over all leading axes (the reference differentiates this)."""
-    return jnp.sum(jnp.square(memory_apply(weights, phi, layout) - values))
-
-
-def gradient_factors(weights: tuple, phi: jax.Array, values: jax.Array, layout: MemoryLayout) -> tuple:
-    """``((left, right), ...)`` with ``dl/dW_j = left_j (x) right_j`` per token (module docstring)."""
-    if not layout.deep:
-        error = _matvec(phi, weights[0]) - values
-        return ((phi, 2.0 * error),)
-    w1, w2 = weights
-    pre = _matvec(phi, w1)
+        return _matvec(phi, weights[0]), None, None
+    pre = _matvec(phi, weights[0])
     hidden = jax.nn.silu(pre)
-    grad_out = 2.0 * (phi[..., :layout.value_dim] + _matvec(hidden, w2) - values)
-    grad_pre = jnp.einsum("...ev,...v->...e", w2, grad_out)
-    grad_pre = grad_pre * _silu_derivative(pre)
-    return ((phi, grad_pre), (hidden, grad_out))
+    return _matvec(hidden, weights[1]), pre, hidden
+
+
+def memory_apply(weights: tuple, phi: jax.Array, layout: MemoryLayout, gain: jax.Array | None = None) -> jax.Array:
+    """``M(phi)``: weights ``[..., m, n]`` per matrix, phi ``[..., F]``, gain ``[..., V]`` (norm only; leading
+    axes broadcast) -> ``[..., V]``."""
+    _check_gain(gain, layout)
+    branch, _, _ = _branch(weights, phi, layout)
+    if layout.norm:
+        return phi[..., :layout.value_dim] + gain * _layer_norm(branch)[0]
+    return phi[..., :layout.value_dim] + branch if layout.deep else branch
+
+
+def memory_loss(weights: tuple, phi: jax.Array, values: jax.Array, layout: MemoryLayout,
+                gain: jax.Array | None = None) -> jax.Array:
+    """``sum || M(phi) - v ||^2`` over all leading axes (the reference differentiates this)."""
+    return jnp.sum(jnp.square(memory_apply(weights, phi, layout, gain) - values))
+
+
+def gradient_factors(weights: tuple, phi: jax.Array, values: jax.Array, layout: MemoryLayout,
+                     gain: jax.Array | None = None) -> tuple:
+    """``((left, right), ...)`` with ``dl/dW_j = left_j (x) right_j`` per token (module docstring)."""
+    _check_gain(gain, layout)
+    branch, pre, hidden = _branch(weights, phi, layout)
+    residual = phi[..., :layout.value_dim] if layout.deep or layout.norm else 0.0
+    if layout.norm:
+        normed, inverse_std = _layer_norm(branch)
+        grad_out = 2.0 * (residual + gain * normed - values)
+        grad_branch = _layer_norm_backward(normed, inverse_std, gain * grad_out)
+    else:
+        grad_branch = 2.0 * (residual + branch - values)
+    if not layout.deep:
+        return ((phi, grad_branch),)
+    grad_pre = jnp.einsum("...ev,...v->...e", weights[1], grad_branch) * _silu_derivative(pre)
+    return ((phi, grad_pre), (hidden, grad_branch))
 
 
 def clip_scale(norm_sq: jax.Array, clip: float) -> jax.Array:

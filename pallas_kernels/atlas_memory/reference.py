@@ -37,19 +37,20 @@ def _push(buffer, new, reset):
     return jnp.concatenate([kept, new[:, None].astype(buffer.dtype)], axis=1)
 
 
-def _window_gradient(base, keys, values, weights, layout, clip):
+def _window_gradient(base, keys, values, weights, layout, clip, gain):
     """``G = sum_i w_i clip(grad l(base; k_i, v_i))`` over the window axis 1: one ``[B, H, m, n]`` per matrix."""
     per_token = tuple(jnp.broadcast_to(w[:, None], (w.shape[0], keys.shape[1], *w.shape[1:])) for w in base)
-    grads = jax.grad(memory_loss)(per_token, keys, values, layout)  # each (b, i, h) slice: its own token
+    grads = jax.grad(memory_loss)(per_token, keys, values, layout, gain)  # each (b, i, h) slice: its own token
     norm_sq = sum(jnp.sum(jnp.square(g), axis=(-2, -1)) for g in grads)
     scale = (weights * clip_scale(norm_sq, clip))[..., None, None]
     return tuple(jnp.sum(scale * g, axis=1) for g in grads)
 
 
 def step(state: dict, token: tuple, initial_memory: tuple, settings: AtlasSettings, *, impl: str,
-         ns_spec: PartitionSpec | None = None):
+         ns_spec: PartitionSpec | None = None, norm_gain: jax.Array | None = None):
     """One token: ``token = (phi_k [B, H, F], values [B, H, V], phi_q, alpha, theta, eta, gamma [B, H],
-    start [B], valid [B])`` -> ``(state, y [B, H, V])``; the rule of the module docstring, literally."""
+    start [B], valid [B])`` -> ``(state, y [B, H, V])``; the rule of the module docstring, literally.
+    ``norm_gain [H, V]``: the gain of a memory with ``layout.norm``, else None."""
     phi_k, values, phi_q, alpha, theta, eta, gamma, start, valid = token
     layout, batch = settings.layout, phi_k.shape[0]
     reset = start[:, None, None, None]
@@ -61,7 +62,7 @@ def step(state: dict, token: tuple, initial_memory: tuple, settings: AtlasSettin
     window = {name: _push(state[name], new, start) for name, new in
               (("window_keys", phi_k), ("window_values", values), ("window_weights", gamma * valid[:, None]))}
     gradient = _window_gradient(chunk_memory, window["window_keys"], window["window_values"],
-                                window["window_weights"], layout, settings.grad_clip)
+                                window["window_weights"], layout, settings.grad_clip, norm_gain)
     on_update = settings.eta_scales == "update"
     gradient_scale = 1.0 if on_update else eta[..., None, None]
     momentum = tuple(theta[..., None, None] * s - gradient_scale * g for s, g in zip(momentum, gradient))
@@ -71,20 +72,23 @@ def step(state: dict, token: tuple, initial_memory: tuple, settings: AtlasSettin
     memory = tuple(alpha[..., None, None] * m + update_scale * n for m, n in zip(memory, orthogonal))
     state = {"memory": memory, "chunk_memory": chunk_memory, "momentum": momentum, **window,
              "position": state["position"] + 1}
-    return state, memory_apply(memory, phi_q, layout)
+    return state, memory_apply(memory, phi_q, layout, norm_gain)
 
 
 def run_steps(state: dict, inputs: AtlasInputs, initial_memory: tuple, settings: AtlasSettings,
               starts: jax.Array, valid: jax.Array, *, impl: str, ns_spec: PartitionSpec | None = None):
     """``step`` scanned over the T tokens of ``inputs``: ``(state, y [B, T, H, V])``."""
     time_major = tuple(jnp.moveaxis(x, 1, 0) for x in (*inputs[:7], starts, valid))
-    one_token = functools.partial(step, initial_memory=initial_memory, settings=settings, impl=impl, ns_spec=ns_spec)
+    one_token = functools.partial(step, initial_memory=initial_memory, settings=settings, impl=impl, ns_spec=ns_spec,
+                                  norm_gain=inputs.norm_gain)
     state, outputs = jax.lax.scan(one_token, state, time_major)
     return state, jnp.moveaxis(outputs, 0, 1)
 
 
-def reference(inputs: AtlasInputs, initial_memory: tuple, settings: AtlasSettings) -> jax.Array:
-    """Outputs ``y [B, T, H, V]`` token by token, Newton–Schulz by its reference implementation."""
+def reference(inputs: AtlasInputs, initial_memory: tuple, settings: AtlasSettings) -> tuple[jax.Array, tuple]:
+    """``(y [B, T, H, V], M_T)`` token by token, Newton–Schulz by its reference implementation; ``M_T`` the
+    memory after the last token, one ``[B, H, m, n]`` per weight matrix."""
     starts, valid = document_flags(inputs.segment_ids)
     state = init_state(inputs.segment_ids.shape[0], initial_memory, settings)
-    return run_steps(state, inputs, initial_memory, settings, starts, valid, impl="reference")[1]
+    state, y = run_steps(state, inputs, initial_memory, settings, starts, valid, impl="reference")
+    return y, state["memory"]

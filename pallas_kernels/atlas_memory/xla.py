@@ -37,8 +37,9 @@ from pallas_kernels.linear_scan import linear_scan
 
 
 def chunked(inputs: AtlasInputs, initial_memory: tuple, settings: AtlasSettings, *, impl: str,
-            partition_spec: PartitionSpec | None) -> jax.Array:
-    """Outputs ``y [B, T, H, V]`` (float32) of the recurrence, chunk-parallel (module docstring).
+            partition_spec: PartitionSpec | None) -> tuple[jax.Array, tuple]:
+    """``(y [B, T, H, V], M_T)``: outputs (float32) of the recurrence, chunk-parallel (module docstring),
+    and the memory after the row's last position, one ``[B, H, m, n]`` per weight matrix.
 
     ``initial_memory``: ``M_0`` as one ``[H, m, n]`` array per weight matrix.
     """
@@ -47,7 +48,10 @@ def chunked(inputs: AtlasInputs, initial_memory: tuple, settings: AtlasSettings,
     starts, valid = document_flags(inputs.segment_ids)
     document = jnp.cumsum(starts, axis=1, dtype=jnp.int32)
     gamma = inputs.gamma * valid[..., None]
-    per_token = (inputs.phi_k, inputs.values, inputs.phi_q, inputs.alpha, inputs.theta, inputs.eta, gamma,
+    # Padding after the row keeps the memory (alpha 1; eta and gamma 0 add nothing), so the carry
+    # after the last chunk is the memory after the row's last position.
+    alpha = jnp.pad(inputs.alpha, [(0, 0), (0, -length % settings.chunk_size), (0, 0)], constant_values=1.0)
+    per_token = (inputs.phi_k, inputs.values, inputs.phi_q, alpha, inputs.theta, inputs.eta, gamma,
                  starts, document)
     num_chunks = -(-length // size)
 
@@ -64,13 +68,13 @@ def chunked(inputs: AtlasInputs, initial_memory: tuple, settings: AtlasSettings,
              jnp.zeros((batch, history, heads), jnp.float32),
              jnp.full((batch, history), -1, jnp.int32))
     body = jax.checkpoint(functools.partial(_chunk, initial_memory=initial_memory, settings=settings, impl=impl,
-                                            specs=_kernel_specs(partition_spec)))
-    _, outputs = jax.lax.scan(body, carry, tuple(to_chunks(x) for x in per_token))
+                                            specs=_kernel_specs(partition_spec), gain=inputs.norm_gain))
+    (memory, *_), outputs = jax.lax.scan(body, carry, tuple(to_chunks(x) for x in per_token))
     outputs = jnp.moveaxis(outputs, 0, 1)
-    return outputs.reshape(batch, num_chunks * size, *outputs.shape[3:])[:, :length]
+    return outputs.reshape(batch, num_chunks * size, *outputs.shape[3:])[:, :length], unpack(memory, layout)
 
 
-def _window_gradients(memory, window, initial_memory, layout, clip):
+def _window_gradients(memory, window, initial_memory, layout, clip, gain):
     """Clipped, weighted rank-1 gradient factors of the window's ``c - 1 + b`` tokens at this chunk's base.
 
     ``window = (phi_k, values, weights, fresh)`` over the carried and the chunk's tokens; ``fresh``:
@@ -81,7 +85,7 @@ def _window_gradients(memory, window, initial_memory, layout, clip):
     # Both candidate base memories in one evaluation: [2, B, 1, H, m, n] against phi [B, c-1+b, H, F].
     bases = tuple(jnp.stack([jnp.broadcast_to(m0, w.shape), w])[:, :, None] for m0, w in zip(initial_memory, carried))
     stacked = tuple(jnp.broadcast_to(x, (2, *x.shape)) for x in (phi_k, values))
-    factors = gradient_factors(bases, *stacked, layout)
+    factors = gradient_factors(bases, *stacked, layout, gain)
     fresh = fresh[..., None, None]
     lefts = tuple(jnp.where(fresh, left[0], left[1]) for left, _ in factors)
     rights = tuple(jnp.where(fresh, right[0], right[1]) for _, right in factors)
@@ -115,7 +119,7 @@ def _scan(decay, update, initial, impl, spec):
                        partition_spec=spec)
 
 
-def _chunk(carry, chunk, *, initial_memory, settings: AtlasSettings, impl: str, specs):
+def _chunk(carry, chunk, *, initial_memory, settings: AtlasSettings, impl: str, specs, gain):
     memory, momentum, *window_carry = carry
     layout, (scan_spec, ns_spec) = settings.layout, specs
     phi_k, values, phi_q, alpha, theta, eta, gamma, starts, document = chunk
@@ -124,7 +128,7 @@ def _chunk(carry, chunk, *, initial_memory, settings: AtlasSettings, impl: str, 
     window = tuple(jnp.concatenate(pair, axis=1) for pair in
                    zip(window_carry, (phi_k, values, gamma, document)))  # keys, values, weights, document
     lefts, rights = _window_gradients(memory, (*window[:3], jnp.concatenate([carried_fresh, fresh], axis=1)),
-                                      initial_memory, layout, settings.grad_clip)
+                                      initial_memory, layout, settings.grad_clip, gain)
     sums = _window_sums(lefts, rights, window[3], document, settings.window)
     window_carry = tuple(x[:, x.shape[1] - (settings.window - 1):] for x in window)
     keep = 1.0 - starts.astype(jnp.float32)
@@ -137,5 +141,5 @@ def _chunk(carry, chunk, *, initial_memory, settings: AtlasSettings, impl: str, 
     reset = (alpha * starts[..., None])[..., None] * pack(initial_memory, 1)
     update = eta[..., None] * pack(orthogonal, 3) if on_update else pack(orthogonal, 3)
     memories = _scan(alpha * keep[..., None], update + reset, memory, impl, scan_spec)
-    outputs = memory_apply(unpack(memories, layout), phi_q, layout)
+    outputs = memory_apply(unpack(memories, layout), phi_q, layout, gain)
     return (memories[:, -1], momenta[:, -1], *window_carry), outputs

@@ -17,7 +17,14 @@ Per head h (head dimension ``D = d_model / H`` for keys, queries and values), fo
 features, learnable per-degree coefficients initialised to 1/i!), ``M`` a matrix ``[F, D]``
 (``memory_depth = 1``) or a 2-layer MLP with residual ``phi[:D] + silu(phi W1) W2``
 (``memory_depth = 2``, hidden ``E = memory_expansion * D``), starting every document from the
-learnable ``M_0``; ``NS_0`` is the identity. ``clip_tau(g) = g min(1, tau / ||g||)`` bounds each
+learnable ``M_0``; ``NS_0`` is the identity. With ``memory_norm`` the branch is layer-normalised
+with a learned per-head gain ``g [H, D]`` (initialised to 1) and the residual is added at either
+depth, ``M(phi) = phi[:D] + g * LN(phi W)`` or ``phi[:D] + g * LN(silu(phi W1) W2)``: the Titans
+reference code's ``ResidualNorm`` (titans-pytorch: ``LayerNorm(MLP(x)) + x``, LayerNorm without
+bias, gain ``1 + g``); its one departure, ``g`` an outer parameter rather than a memory weight, and
+why: ``pallas_kernels/atlas_memory/memory.py``. It is not in the Titans or Atlas papers' memory
+equations (``memory_norm: false``, the default, is the Atlas paper's memory). The linear ``M_0`` starts at 0 without the norm and,
+with it, from a random ``N(0, 1/F)`` (LayerNorm of a zero branch has no direction). ``clip_tau(g) = g min(1, tau / ||g||)`` bounds each
 token's gradient (its norm over all weight matrices; ``tau = grad_clip``, 0 = no clipping). Exactly
 how the gradients are taken in chunks of ``b`` tokens (at the memory of the chunk start), how the
 window and the state stop at document boundaries, and how training (chunk-parallel) and decoding
@@ -25,6 +32,13 @@ window and the state stop at document boundaries, and how training (chunk-parall
 
 Special cases (``model.atlas``): **Titans** is ``window = 1, poly_degree = 1, ns_steps = 0``
 (``configs/titans.yaml``); **OmegaNet** is ``ns_steps = 0`` with ``window > 1``.
+
+Diagnostics. Each call of the training forward sows (``nnx.Intermediate`` ``atlas_diagnostics``,
+collected only under ``nnx.capture``; ``seqmodels.training.diagnostics``) scalars computed from its
+own intermediates, without gradient: ``memory_norm`` (mean over rows and heads of ``||M_T||_F``,
+all weight matrices together, ``M_T`` the memory after the row's last position), ``readout_ratio``
+(``sum_t ||y_t|| / sum_t ||v_t||`` over the valid tokens and heads, ``y_t = M_t(phi(q_t))``) and the
+means of the gates ``alpha``, ``theta``, ``eta``, ``gamma`` over the valid tokens and heads.
 
 Notes. q, k, v and the output gate come from one matmul ``[d_model, H, 4, D]``; the depthwise
 conv runs over the q, k, v channels together (the same as one conv each).
@@ -51,6 +65,8 @@ matrices (``F D`` linear; ``F E + E D`` deep):
                + 2 (b + c - 1) P             banded window sum of rank-1 gradients
                + k NS(F, D)  or  k 2 NS(F, E)    Newton-Schulz (deep: W1 and padded W2^T)
                + 2 P                         read-out
+               + [norm] 20 D (b + c - 1) / b + 8 D    LayerNorm forward and backward (~10 D) at both
+                                             base memories, LayerNorm of the read-out
     NS(m, n) = 4 s^2 l + 2 s^3  with s = min(m, n), l = max(m, n)             one Newton-Schulz step
 """
 
@@ -106,7 +122,7 @@ def memory_layout(config: ModelConfig) -> MemoryLayout:
     atlas, head_dim = config.atlas, config.head_dim
     features = feature_dim(head_dim, atlas.poly_degree, atlas.poly_key_dim)
     hidden = atlas.memory_expansion * head_dim if atlas.memory_depth == 2 else 0
-    return MemoryLayout(features, head_dim, hidden)
+    return MemoryLayout(features, head_dim, hidden, norm=atlas.memory_norm)
 
 
 def atlas_settings(config: ModelConfig) -> AtlasSettings:
@@ -118,6 +134,23 @@ def atlas_settings(config: ModelConfig) -> AtlasSettings:
 
 def _unit(x: jax.Array) -> jax.Array:
     return x * jax.lax.rsqrt(jnp.sum(jnp.square(x), axis=-1, keepdims=True) + 1e-6)
+
+
+def memory_diagnostics(inputs: AtlasInputs, y: jax.Array, final_memory: tuple) -> dict[str, jax.Array]:
+    """The layer's diagnostics (module docstring) as float32 scalars, without gradient.
+
+    ``inputs`` of the recurrence, its outputs ``y [B, T, H, D]`` and ``final_memory`` (one
+    ``[B, H, m, n]`` per weight matrix).
+    """
+    valid = (inputs.segment_ids != 0).astype(jnp.float32)[..., None]  # [B, T, 1], broadcast over heads
+    tokens = jnp.maximum(jnp.sum(valid) * inputs.eta.shape[-1], 1.0)
+    memory_sq = sum(jnp.sum(jnp.square(w), axis=(-2, -1)) for w in final_memory)  # [B, H]
+    readout = jnp.sum(jnp.linalg.norm(y, axis=-1) * valid)
+    values = jnp.sum(jnp.linalg.norm(inputs.values, axis=-1) * valid)
+    diagnostics = {"memory_norm": jnp.mean(jnp.sqrt(memory_sq)),
+                   "readout_ratio": readout / jnp.maximum(values, 1e-12),
+                   **{gate: jnp.sum(getattr(inputs, gate) * valid) / tokens for gate in GATES}}
+    return jax.tree.map(jax.lax.stop_gradient, diagnostics)
 
 
 class Atlas(nnx.Module):
@@ -138,12 +171,13 @@ class Atlas(nnx.Module):
         self.poly_coefficients = None if atlas.poly_degree == 1 else constant_param(
             jnp.broadcast_to(initial_coefficients(atlas.poly_degree), (heads, atlas.poly_degree)), ("heads", None))
         layout = self.settings.layout
-        if layout.deep:
+        if layout.deep or layout.norm:
             self.initial_memory = nnx.List([
                 param(rngs, (heads, m, n), ("heads", None, None), std=m**-0.5) for m, n in layout.shapes])
         else:
             self.initial_memory = nnx.List([constant_param(jnp.zeros((heads, *layout.shapes[0])),
                                                            ("heads", None, None))])
+        self.memory_gain = constant_param(jnp.ones((heads, head_dim)), ("heads", "head_dim")) if layout.norm else None
         self.out_norm = RMSNorm(head_dim, eps=config.norm_eps, axis_name="head_dim")
         self.out = DenseOut((heads, head_dim), d_model, ("heads", "head_dim"), "embed", rngs=rngs, std=std)
 
@@ -163,8 +197,10 @@ class Atlas(nnx.Module):
         coefficients = None if self.poly_coefficients is None else self.poly_coefficients.get_value()
         if segment_ids is None:
             segment_ids = jnp.ones(x.shape[:2], jnp.int32)
+        gain = None if self.memory_gain is None else self.memory_gain.get_value()
         inputs = AtlasInputs(feature_map(k, coefficients, self.poly_key_dim), v,
-                             feature_map(q, coefficients, self.poly_key_dim), alpha, theta, eta, gamma, segment_ids)
+                             feature_map(q, coefficients, self.poly_key_dim), alpha, theta, eta, gamma, segment_ids,
+                             gain)
         return inputs, output_gate, conv_cache
 
     def __call__(self, x, *, segment_ids=None, positions=None, cache=None):
@@ -174,7 +210,9 @@ class Atlas(nnx.Module):
         initial = tuple(w.get_value() for w in self.initial_memory)
         run = dict(impl=self.impl, partition_spec=kernel_spec(("batch", None, "heads", None), inputs.phi_k.shape))
         if cache is None:
-            y = atlas_memory(inputs, initial, self.settings, **run)
+            y, final_memory = atlas_memory(inputs, initial, self.settings, return_memory=True, **run)
+            self.sow(nnx.Intermediate, "atlas_diagnostics", memory_diagnostics(inputs, y, final_memory),
+                     capture_noop=True)
         else:
             state, y = atlas_memory_step(cache["memory"], inputs, initial, self.settings, **run)
             cache = {"conv": conv_cache, "memory": state}
@@ -201,13 +239,15 @@ def memory_flops_per_token(settings: AtlasSettings) -> float:
     size = layout.size
     backward = 2 * layout.hidden_dim * layout.value_dim if layout.deep else 0
     # Every chunk evaluates its b tokens and the c - 1 carried window tokens at its base memory.
-    inner = 2 * (2 * size + backward) * (settings.chunk_size + settings.window - 1) / settings.chunk_size
+    evaluated = (settings.chunk_size + settings.window - 1) / settings.chunk_size  # evaluations per token
+    inner = 2 * (2 * size + backward) * evaluated
     window = 2 * (settings.chunk_size + settings.window - 1) * size
     if layout.deep:
         ns = 2 * newton_schulz_step_flops(layout.feature_dim, layout.hidden_dim)
     else:
         ns = newton_schulz_step_flops(layout.feature_dim, layout.value_dim)
-    return inner + window + settings.ns_steps * ns + 2 * size
+    norm = 20 * layout.value_dim * evaluated + 8 * layout.value_dim if layout.norm else 0
+    return inner + window + settings.ns_steps * ns + 2 * size + norm
 
 
 def atlas_flops(config: ModelConfig, seq_len: int) -> float:

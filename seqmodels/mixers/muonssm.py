@@ -37,11 +37,22 @@ before the scope was an option); with one head both scopes agree.
   ``momentum_delta_rule``: the delta rule's UT transform extended by the momentum input (M does not
   depend on S, so a parallel chunk form exists although the transition is not diagonal).
 
-**The repository's Gated DeltaNet rule.** The MuonSSM repository's Gated DeltaNet code applies
-Newton-Schulz to the full-rank momentum inside the recurrence (``M_t = gamma M_{t-1} + U_t``, then
-``NS_k(M_t)`` enters the state), which is sequential and back-propagated straight-through. Here the
-paper's rule conditions each rank-1 injection before the momentum (``NS_k(U_t)``), which keeps the
-chunk-parallel form and its exact autodiff; the repository's rule is not offered.
+**The repository's Gated DeltaNet rule (a documented departure of that code from the paper).**
+Two rules carry the MuonSSM name for Gated DeltaNet:
+
+    paper (here, the default and only rule):  W_t = tau NS_k(U_t),  M_t = gamma M_{t-1} + W_t,  S_t = A_t(S_{t-1}) + M_t
+    MuonSSM repository's GDN code:            M_t = gamma M_{t-1} + U_t,  S_t = A_t(S_{t-1}) + tau NS_k(M_t)
+
+The paper's Newton-Schulz acts on one rank-1 injection, so it is a rescaling of ``U_t`` (one
+singular value through the k polynomials): the momentum stays a linear recurrence over rescaled
+values, with a chunk-parallel form and exact autodiff. The repository's acts on the full-rank
+momentum, the sum of all past injections: it pushes every singular value of ``M_t`` towards 1, so
+directions written long ago weigh as much as the newest, and ``NS_k(M_t)`` is not linear in the
+injections. It must run token by token (one ``[K, V]`` Newton-Schulz per token and head), and that
+code back-propagates through it straight-through (as if ``NS_k`` were the identity), so its
+gradients are not those of its forward. The two are different models, not two forms of one; this
+module implements the paper's (``muonssm_longhorn`` follows the MuonSSM LongHorn kernel, which
+conditions each injection too). The repository's sequential rule is not offered.
 
 Decoding runs the token recurrences (``impl="reference"``) one step per token from a cache holding
 the backbone's conv inputs, ``state`` and ``momentum`` (``[B, H, K, V]`` float32 each); training runs

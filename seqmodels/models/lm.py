@@ -23,7 +23,7 @@ from seqmodels.layers.common import param
 from seqmodels.layers.mlp import SwiGLU
 from seqmodels.layers.norms import RMSNorm
 from seqmodels.mixers import build_mixer, check_mixer_names, mixer_flops_per_token
-from seqmodels.models.stack import Group, repeat_period, scan_group, slice_group, stack_groups
+from seqmodels.models.stack import Group, repeat_period, scan_group, slice_group, stack_groups, unstack_sown
 from seqmodels.sharding import constrain
 
 REMAT_POLICIES = {
@@ -111,9 +111,13 @@ class LM(nnx.Module):
 
     def _scanned(self, x, segment_ids, positions, cache):
         remat = cache is None and self.config.remat != "none"
-        x, layer_caches = scan_group(self.stack, x, segment_ids=None if cache is not None else segment_ids,
-                                     positions=positions, caches=None if cache is None else cache["layers"],
-                                     remat=remat, remat_policy=REMAT_POLICIES.get(self.config.remat))
+        x, (layer_caches, sown) = scan_group(self.stack, x, segment_ids=None if cache is not None else segment_ids,
+                                             positions=positions, caches=None if cache is None else cache["layers"],
+                                             remat=remat, remat_policy=REMAT_POLICIES.get(self.config.remat))
+        sown = unstack_sown(sown, self.repeats, len(self.config.mixers) // self.repeats)
+        if sown:  # the groups' diagnostics, in the unrolled layout (seqmodels.training.diagnostics)
+            self.sow(nnx.Intermediate, "scanned_blocks", sown, capture_noop=True,
+                     init_fn=lambda: None, reduce_fn=lambda _, new: new)
         return self._logits(x), self._advance(cache, x.shape[1], layer_caches)
 
     def _logits(self, x):

@@ -69,18 +69,28 @@ def stack_groups(groups: list[Group]) -> Group:
 
 
 def scan_group(group: Group, x, *, segment_ids, positions, caches=None, remat_policy=None, remat: bool = False):
-    """``x`` through every stacked group in order (and the stacked caches, when decoding)."""
+    """``(x, (caches, sown))``: ``x`` through every stacked group in order, the stacked caches (when
+    decoding) and what the group's modules sowed (``nnx.Intermediate``, captured per group and
+    stacked on a leading axis, as a pure dict; ``{}`` when nothing was sown)."""
     graphdef, state = nnx.split(group)
 
     def body(x, slices):
         group_state, group_caches = slices
-        x, new_caches = nnx.merge(graphdef, group_state)(x, segment_ids=segment_ids, positions=positions,
-                                                        caches=group_caches)
-        return x, new_caches
+        run = nnx.capture(nnx.merge(graphdef, group_state), nnx.Intermediate)
+        (x, new_caches), sown = run(x, segment_ids=segment_ids, positions=positions, caches=group_caches)
+        return x, (new_caches, nnx.to_pure_dict(sown))
 
     if remat:
         body = jax.checkpoint(body, policy=remat_policy)
     return jax.lax.scan(body, x, (state, caches))
+
+
+def unstack_sown(sown: dict, repeats: int, period: int) -> dict:
+    """``scan_group``'s stacked ``sown`` (``{"blocks": {i: ...}}``, leading axis R) in the unrolled layout
+    ``{"blocks": {r * period + i: ...}}``, every group's slice its own block."""
+    grouped = sown.get("blocks", {})
+    blocks = {r * period + i: jax.tree.map(lambda x, r=r: x[r], grouped[i]) for r in range(repeats) for i in grouped}
+    return {"blocks": blocks} if blocks else {}
 
 
 def slice_group(group: Group, index: int) -> Group:

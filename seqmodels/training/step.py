@@ -8,6 +8,9 @@ whatever the accumulation factor (up to float summation order).
 With a ``trainable`` predicate (``seqmodels.models.trainable_filter``) only the parameters it selects
 are differentiated, updated and given optimizer state; the rest are carried over untouched. Every
 micro-batch also carries the step number (``"step"``) for models that draw per-step choices from it.
+The metrics also hold the per-layer diagnostics the mixers sow during the forward
+(``seqmodels.training.diagnostics``, e.g. ``atlas/layer_0/memory_norm``), averaged over the
+micro-batches; they take no second forward.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from seqmodels.training.diagnostics import loss_and_diagnostics
 from seqmodels.training.trainable import merge_params, split_params
 
 
@@ -34,8 +38,9 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, schedule,
     select = trainable or (lambda path: True)
 
     def summed_loss(params, frozen, micro):
-        loss_sum, count = nnx.merge(graphdef, merge_params(params, frozen)).loss(micro)
-        return loss_sum, count
+        model = nnx.merge(graphdef, merge_params(params, frozen))
+        (loss_sum, count), diagnostics = loss_and_diagnostics(model, micro)
+        return loss_sum, (count, diagnostics)
 
     grad_fn = jax.value_and_grad(summed_loss, has_aux=True)
 
@@ -46,12 +51,13 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, schedule,
 
         def accumulate(carry, one):
             grads, loss_sum, count = carry
-            (micro_loss, micro_count), micro_grads = grad_fn(params, frozen, {**one, "step": state["step"]})
+            (micro_loss, (micro_count, diagnostics)), micro_grads = grad_fn(params, frozen,
+                                                                            {**one, "step": state["step"]})
             grads = jax.tree.map(jnp.add, grads, micro_grads)
-            return (grads, loss_sum + micro_loss, count + micro_count), None
+            return (grads, loss_sum + micro_loss, count + micro_count), diagnostics
 
         init = (zeros, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32))
-        (grads, loss_sum, count), _ = jax.lax.scan(accumulate, init, micro)
+        (grads, loss_sum, count), diagnostics = jax.lax.scan(accumulate, init, micro)
         denominator = jnp.maximum(count, 1.0)
         grads = jax.tree.map(lambda g: g / denominator, grads)
         updates, opt_state = optimizer.update(grads, state["opt_state"], params)
@@ -60,7 +66,8 @@ def make_train_step(graphdef, optimizer: optax.GradientTransformation, schedule,
                      "params": new_params if trainable is None else merge_params(new_params, frozen),
                      "opt_state": opt_state}
         metrics = {"loss": loss_sum / denominator, "grad_norm": optax.tree.norm(grads),
-                   "learning_rate": schedule(state["step"]), "loss_tokens": count}
+                   "learning_rate": schedule(state["step"]), "loss_tokens": count,
+                   **{name: jnp.mean(values) for name, values in diagnostics.items()}}
         return new_state, metrics
 
     return train_step

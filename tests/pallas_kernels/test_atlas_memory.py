@@ -1,5 +1,5 @@
 """pallas_kernels.atlas_memory, the Atlas recurrence: chunk-parallel form == sequential reference (values and gradients), the
-online rule at chunk size 1, document isolation, and zero momentum without NaN."""
+online rule at chunk size 1, document isolation, zero momentum without NaN, and the memory's LayerNorm (memory_norm)."""
 
 import dataclasses
 import functools
@@ -12,6 +12,7 @@ import pytest
 from pallas_kernels import newton_schulz
 from pallas_kernels.atlas_memory import (AtlasInputs, AtlasSettings, MemoryLayout, atlas_memory, atlas_memory_step,
                                          init_state, memory_apply, memory_loss)
+from pallas_kernels.atlas_memory.memory import gradient_factors
 from seqmodels.mixers.atlas import feature_dim, feature_map, initial_coefficients
 
 pytestmark = pytest.mark.xdist_group("atlas_memory")  # one worker: jitted programs are reused
@@ -27,10 +28,11 @@ SEGMENTS = np.array([[1, 1, 1, 2, 2, 2, 2, 2, 3, 0], [1] * LENGTH], np.int32)
 GATE_RANGES = {"alpha": (0.8, 1.0), "theta": (0.0, 0.9), "eta": (0.0, 0.3), "gamma": (0.0, 1.0)}
 
 
-def make_case(deep: bool, degree: int, seed: int = 0):
-    """Random unit keys/queries, values, gates within their ranges, and a random initial memory."""
+def make_case(deep: bool, degree: int, seed: int = 0, norm: bool = False):
+    """Random unit keys/queries, values, gates within their ranges, a random initial memory and, with
+    ``norm``, a LayerNorm gain of ``1 + 0.3 N(0, 1)`` per head and channel."""
     keys = jax.random.split(jax.random.key(seed), 12)
-    layout = MemoryLayout(feature_dim(KEY_DIM, degree, REDUCED), KEY_DIM, 2 * KEY_DIM if deep else 0)
+    layout = MemoryLayout(feature_dim(KEY_DIM, degree, REDUCED), KEY_DIM, 2 * KEY_DIM if deep else 0, norm=norm)
     coefficients = None if degree == 1 else jnp.broadcast_to(initial_coefficients(degree), (HEADS, degree))
 
     def unit_features(key):
@@ -39,30 +41,36 @@ def make_case(deep: bool, degree: int, seed: int = 0):
 
     gates = [low + (high - low) * jax.random.uniform(keys[3 + i], (BATCH, LENGTH, HEADS))
              for i, (low, high) in enumerate(GATE_RANGES.values())]
+    gain = 1.0 + 0.3 * jax.random.normal(keys[7], (HEADS, KEY_DIM)) if norm else None
     inputs = AtlasInputs(unit_features(keys[0]), jax.random.normal(keys[1], (BATCH, LENGTH, HEADS, KEY_DIM)),
-                         unit_features(keys[2]), *gates, jnp.asarray(SEGMENTS))
+                         unit_features(keys[2]), *gates, jnp.asarray(SEGMENTS), gain)
     initial = tuple(0.3 * jax.random.normal(keys[8 + i], (HEADS, m, n)) for i, (m, n) in enumerate(layout.shapes))
     return inputs, initial, layout
 
 
 @functools.cache
 def value_and_grads(form, settings: AtlasSettings):
-    """jit of ``(sum(y * w), grads wrt every float input and M_0)`` for ``form`` in {chunked, reference}."""
+    """jit of ``(sum(y * w), grads wrt every float input, the norm gain and M_0)`` for ``form`` in {chunked, reference}."""
     def objective(floats, initial, segment_ids, weights):
-        y = form(AtlasInputs(*floats, segment_ids), initial, settings)
+        y = form(AtlasInputs(*floats[:7], segment_ids, *floats[7:]), initial, settings)
         return jnp.sum(y * weights), y
     return jax.jit(jax.value_and_grad(objective, argnums=(0, 1), has_aux=True))
 
 
 def evaluate(form, inputs, initial, settings):
     weights = jax.random.normal(jax.random.key(7), inputs.values.shape)
-    (_, y), grads = value_and_grads(form, settings)(tuple(inputs[:7]), initial, inputs.segment_ids, weights)
+    floats = tuple(inputs[:7]) + (() if inputs.norm_gain is None else (inputs.norm_gain,))
+    (_, y), grads = value_and_grads(form, settings)(floats, initial, inputs.segment_ids, weights)
     return y, grads
 
 
 CASES = {
     # deep MLP memory, degree-2 features, window 3 across chunks of 4, Muon NS (k = 5), ragged length 10
     "deep-p2-c3-b4-k5": (True, 2, AtlasSettings(None, window=3, chunk_size=4, ns_steps=5)),
+    # the same with the memory's LayerNorm and gain (memory_norm), eta on the update (the paper's Eq. 32)
+    "deep-p2-c3-b4-k5-norm": (True, 2, AtlasSettings(None, window=3, chunk_size=4, ns_steps=5, eta_scales="update")),
+    # linear memory with LayerNorm, gain and residual (TTT-Linear's form), window 6 > chunk 4, clipped, no NS
+    "linear-p1-c6-b4-k0-norm": (False, 1, AtlasSettings(None, window=6, chunk_size=4, ns_steps=0, grad_clip=0.5)),
     # linear memory, identity features, window 6 > chunk 4 (reaches two chunks back), no NS (OmegaNet rule)
     "linear-p1-c6-b4-k0": (False, 1, AtlasSettings(None, window=6, chunk_size=4, ns_steps=0)),
     # linear memory, degree-2 features, Muon NS with eta on the orthogonalised update (Muon's learning rate)
@@ -76,7 +84,7 @@ CASES = {
 
 def settings_for(name):
     deep, degree, settings = CASES[name]
-    inputs, initial, layout = make_case(deep, degree)
+    inputs, initial, layout = make_case(deep, degree, norm=name.endswith("-norm"))
     return inputs, initial, AtlasSettings(layout, settings.window, settings.chunk_size, settings.ns_steps,
                                           grad_clip=settings.grad_clip,
                                           eta_scales=settings.eta_scales)
@@ -89,7 +97,12 @@ def scale_tolerance(settings):
     return 1e-3 if settings.ns_steps else 2e-5
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+# The memory-norm cases take 40-70 s each on a loaded 2-core CPU (the reference scan's autodiff).
+SLOW_CASES = {"deep-p2-c3-b4-k5-norm", "linear-p1-c6-b4-k0-norm"}
+
+
+@pytest.mark.parametrize("case", [pytest.param(name, marks=pytest.mark.slow) if name in SLOW_CASES else name
+                                  for name in sorted(CASES)])
 def test_chunked_form_matches_sequential_reference_values_and_gradients(case):
     inputs, initial, settings = settings_for(case)
     y_chunked, grads_chunked = evaluate(chunked, inputs, initial, settings)
@@ -103,12 +116,13 @@ def test_chunked_form_matches_sequential_reference_values_and_gradients(case):
     assert float(np.abs(grads_reference[1][0]).max()) > 0  # gradients reach the initial memory
 
 
-def online_rule(inputs, initial, layout, window, ns_steps, reevaluate=True):
+def online_rule(inputs, initial, layout, window, ns_steps, reevaluate=True, eta_on_update=False):
     """The fully online Omega rule written out: every window term at M_{t-1}, per token, per document.
 
     ``reevaluate=False`` is the earlier rule: each token's gradient taken once, at its own M_{t-1},
-    and reused by the next c - 1 tokens.
+    and reused by the next c - 1 tokens. ``eta_on_update``: ``M_t = alpha M + eta NS(S_t)``, ``S_t = theta S - G``.
     """
+    gain = inputs.norm_gain
     starts = np.concatenate([[True], SEGMENTS[0, 1:] != SEGMENTS[0, :-1]])
     outputs = []
     for row in range(BATCH):
@@ -120,18 +134,21 @@ def online_rule(inputs, initial, layout, window, ns_steps, reevaluate=True):
             weight = token[6] * float(SEGMENTS[row, t] != 0) if row == 0 else token[6]
             if reevaluate:
                 history = (history + [(token[0], token[1], weight)])[-window:]
-                terms = [tuple(w[:, None, None] * g for g in jax.grad(memory_loss)(memory, k, v, layout))
+                terms = [tuple(w[:, None, None] * g for g in jax.grad(memory_loss)(memory, k, v, layout, gain))
                          for k, v, w in history]
             else:
-                grads = jax.grad(memory_loss)(memory, token[0], token[1], layout)
+                grads = jax.grad(memory_loss)(memory, token[0], token[1], layout, gain)
                 history = (history + [tuple(weight[:, None, None] * g for g in grads)])[-window:]
                 terms = history
             total = tuple(sum(parts) for parts in zip(*terms))
-            momentum = tuple(token[4][:, None, None] * s - token[5][:, None, None] * g for s, g in zip(momentum, total))
+            eta = token[5][:, None, None]
+            momentum = tuple(token[4][:, None, None] * s - (1.0 if eta_on_update else eta) * g
+                             for s, g in zip(momentum, total))
             update = momentum if ns_steps == 0 else tuple(newton_schulz(s, steps=ns_steps, impl="reference")
                                                             for s in momentum)
-            memory = tuple(token[3][:, None, None] * m + u for m, u in zip(memory, update))
-            row_out.append(memory_apply(memory, token[2], layout))
+            memory = tuple(token[3][:, None, None] * m + (eta if eta_on_update else 1.0) * u
+                           for m, u in zip(memory, update))
+            row_out.append(memory_apply(memory, token[2], layout, gain))
         outputs.append(jnp.stack(row_out))
     return jnp.stack(outputs)
 
@@ -297,3 +314,70 @@ def test_decoding_steps_from_the_initial_state_equal_the_reference_on_one_docume
     tolerance = scale_tolerance(settings)  # Newton-Schulz by its xla form against its reference
     np.testing.assert_allclose(jnp.concatenate([y_first, y_second], axis=1), expected, atol=tolerance, rtol=tolerance)
     assert int(state["position"]) == LENGTH
+
+
+@pytest.mark.slow
+def test_chunk_size_one_with_memory_norm_is_the_fully_online_rule():
+    inputs, initial, settings = settings_for("deep-p2-c3-b4-k5-norm")
+    online = dataclasses.replace(settings, chunk_size=1)
+    expected = online_rule(inputs, initial, settings.layout, window=3, ns_steps=5, eta_on_update=True)
+    tolerance = scale_tolerance(online) * float(jnp.abs(expected).max())
+    np.testing.assert_allclose(jax.jit(chunked, static_argnums=2)(inputs, initial, online), expected, atol=tolerance)
+    np.testing.assert_allclose(jax.jit(reference, static_argnums=2)(inputs, initial, online), expected,
+                               atol=tolerance)
+    # The norm changes the rule (else the equivalences above prove nothing about it).
+    plain_layout = dataclasses.replace(settings.layout, norm=False)
+    plain = online_rule(inputs._replace(norm_gain=None), initial, plain_layout, window=3, ns_steps=5,
+                        eta_on_update=True)
+    assert float(jnp.abs(plain - expected).max()) > 100 * tolerance
+
+
+@pytest.mark.parametrize("deep", [False, True])
+def test_memory_norm_is_layer_norm_of_the_branch_with_gain_plus_residual_and_its_closed_form_gradient(deep):
+    inputs, initial, layout = make_case(deep, 2, norm=True)
+    phi, values, gain = inputs.phi_k, inputs.values, inputs.norm_gain  # [B, T, H, F], [B, T, H, V], [H, V]
+    weights = tuple(np.asarray(w) for w in initial)  # [H, m, n]
+    phi_np = np.asarray(phi, np.float64)
+    if deep:
+        pre = np.einsum("bthf,hfe->bthe", phi_np, weights[0])
+        branch = np.einsum("bthe,hev->bthv", pre / (1 + np.exp(-pre)), weights[1])
+    else:
+        branch = np.einsum("bthf,hfv->bthv", phi_np, weights[0])
+    centred = branch - branch.mean(-1, keepdims=True)
+    expected = phi_np[..., :KEY_DIM] + np.asarray(gain) * centred / np.sqrt((centred**2).mean(-1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(memory_apply(initial, phi, layout, gain), expected, rtol=1e-5, atol=1e-5)
+    # Closed-form rank-1 gradients (what the chunk form uses) == autodiff of the loss, per token.
+    one = tuple(jnp.broadcast_to(w, (*phi.shape[:2], *w.shape)) for w in initial)
+    autodiff = jax.grad(memory_loss)(one, phi, values, layout, gain)
+    closed = tuple(jnp.einsum("...m,...n->...mn", left, right)
+                   for left, right in gradient_factors(one, phi, values, layout, gain))
+    for got, want in zip(closed, autodiff):
+        np.testing.assert_allclose(got, want, atol=1e-5 * float(jnp.abs(want).max()), rtol=0)
+    with pytest.raises(ValueError, match="a memory with norm=True needs its gain"):
+        memory_apply(initial, phi, layout)
+
+
+def test_memory_norm_gain_is_checked_against_the_layout():
+    inputs, initial, settings = settings_for("linear-p1-c6-b4-k0-norm")
+    with pytest.raises(ValueError, match=r"norm_gain must have shape \[H, V\] = \(2, 4\), got \(4,\)"):
+        chunked(inputs._replace(norm_gain=inputs.norm_gain[0]), initial, settings)
+    with pytest.raises(ValueError, match="norm_gain must be an \\[H, V\\] array when the memory layout has norm=True"):
+        chunked(inputs._replace(norm_gain=None), initial, settings)
+    plain = dataclasses.replace(settings, layout=dataclasses.replace(settings.layout, norm=False))
+    with pytest.raises(ValueError, match="layout norm=False, norm_gain \\(2, 4\\)"):
+        chunked(inputs, initial, plain)
+
+
+def test_return_memory_gives_the_memory_after_the_last_token_in_both_forms():
+    inputs, initial, settings = settings_for("deep-p2-c3-b4-k5-norm")
+    one_document = inputs._replace(segment_ids=jnp.ones_like(inputs.segment_ids))
+    y, memory = chunked(one_document, initial, settings, return_memory=True)
+    y_reference, memory_reference = reference(one_document, initial, settings, return_memory=True)
+    tolerance = scale_tolerance(settings)
+    np.testing.assert_allclose(y, y_reference, atol=tolerance * float(jnp.abs(y_reference).max()))
+    for got, want, w0 in zip(memory, memory_reference, initial):
+        assert got.shape == (BATCH, *w0.shape)
+        np.testing.assert_allclose(got, want, atol=tolerance * float(jnp.abs(want).max()))
+    # The read-out of the last token is the returned memory applied to its query.
+    last = memory_apply(memory, one_document.phi_q[:, -1], settings.layout, one_document.norm_gain)
+    np.testing.assert_allclose(last, y[:, -1], atol=1e-5 * float(jnp.abs(y).max()))

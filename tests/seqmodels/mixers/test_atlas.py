@@ -1,5 +1,6 @@
 """The Atlas mixer in the model: features, decoding with a cache, configs, FLOPs, training from train.py."""
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -146,3 +147,32 @@ def test_with_newton_schulz_only_the_update_rule_gives_the_memory_a_step_size():
     np.testing.assert_allclose(gradient[0], gradient[1], atol=2e-4)
     update = [_atlas_output(high) for high in (0.05, 0.1)]  # the default: auto -> update
     assert np.abs(update[0] - update[1]).max() > 1e-2
+
+
+@pytest.mark.slow
+def test_memory_norm_gives_each_head_a_gain_and_decodes_like_the_training_form():
+    # A linear memory with the norm: a random M_0 (LayerNorm of a zero branch has no direction), one
+    # gain [H, D] at 1, and generation with the cache equal to the training form (chunks of 4, window 2).
+    config = ModelConfig(d_model=32, num_heads=2, mixers=("atlas",), max_seq_len=32, kernel_impl="xla",
+                         atlas=AtlasConfig(window=2, chunk_size=4, poly_key_dim=4, ns_steps=1, memory_depth=1,
+                                           memory_norm=True))
+    model = build_model(config, seed=1)
+    mixer = model.blocks[0].mixer
+    np.testing.assert_array_equal(mixer.memory_gain.get_value(), np.ones((2, 16)))
+    assert float(jnp.abs(mixer.initial_memory[0].get_value()).min()) > 0
+    assert build_model(dataclasses.replace(config, atlas=dataclasses.replace(config.atlas, memory_norm=False)),
+                       seed=1).blocks[0].mixer.memory_gain is None
+    prompt = jax.random.randint(jax.random.key(0), (2, 6), 0, config.vocab_size)
+    tokens, logits = generate(model, prompt, 4)
+    full, _ = model(tokens[:, :-1])
+    np.testing.assert_allclose(logits, full, atol=1e-4, rtol=0)  # float32 through one NS step per token
+
+
+def test_memory_norm_flops_add_the_documented_layer_norm_term():
+    atlas = AtlasConfig(window=3, chunk_size=8, poly_key_dim=4, ns_steps=5)
+    plain = ModelConfig(d_model=64, num_heads=2, mixers=("atlas",), atlas=atlas)
+    normed = dataclasses.replace(plain, atlas=dataclasses.replace(atlas, memory_norm=True))
+    dim = 32
+    expected = 2 * (20 * dim * (8 + 3 - 1) / 8 + 8 * dim)  # two heads
+    difference = mixer_flops_per_token("atlas", normed, 128) - mixer_flops_per_token("atlas", plain, 128)
+    assert difference == pytest.approx(expected)
