@@ -110,7 +110,8 @@ def _png_series(path: Path) -> dict:
 @pytest.mark.slow
 def test_a_two_variant_sweep_runs_resumes_and_reports(tmp_path):
     path = tiny_sweep(tmp_path)
-    runs, out = tmp_path / "runs", tmp_path / "results"
+    runs, results_dir = tmp_path / "runs", tmp_path / "results"
+    out = results_dir / "tiny"
     sweep = load_sweep(path, ROOT)
     transformer, swa = run_specs(sweep, runs)
     # An interrupted run: the transformer's own command, stopped (with a checkpoint) at step 4.
@@ -120,7 +121,7 @@ def test_a_two_variant_sweep_runs_resumes_and_reports(tmp_path):
     assert interrupted.returncode == 0, interrupted.stderr
     assert not is_finished(transformer)
 
-    result = ablate("--sweep", str(path), "--runs-dir", str(runs), "--results-dir", str(out), "--jobs", "2")
+    result = ablate("--sweep", str(path), "--runs-dir", str(runs), "--results-dir", str(results_dir), "--jobs", "2")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "resuming from step 4 towards step 10" in (transformer.run_dir / "train.log").read_text()
     steps = [json.loads(line)["step"] for line in (transformer.run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -150,7 +151,7 @@ def test_a_two_variant_sweep_runs_resumes_and_reports(tmp_path):
         assert _png_series(out / "needle_by_depth.png")[name] == [[float(d), a] for d, a in needle["by_depth"].items()]
 
     log_lines = len((swa.run_dir / "train.log").read_text().splitlines())
-    again = ablate("--sweep", str(path), "--runs-dir", str(runs), "--results-dir", str(out))
+    again = ablate("--sweep", str(path), "--runs-dir", str(runs), "--results-dir", str(results_dir))
     assert again.returncode == 0 and "2 of 2 runs already done, skipped" in again.stdout
     assert len((swa.run_dir / "train.log").read_text().splitlines()) == log_lines
 
@@ -160,10 +161,11 @@ def test_a_failed_run_is_reported_and_does_not_stop_the_others(tmp_path):
     from seqmodels.training.run_dir import RunDirLock
 
     path = tiny_sweep(tmp_path, **{"budget": {"tokens": 1024}})
-    runs, out = tmp_path / "runs", tmp_path / "results"
+    runs, results_dir = tmp_path / "runs", tmp_path / "results"
+    out = results_dir / "tiny"
     transformer, _ = run_specs(load_sweep(path, ROOT), runs)
     with RunDirLock(transformer.run_dir, message=lambda text: None):  # another live run owns this directory
-        result = ablate("--sweep", str(path), "--runs-dir", str(runs), "--results-dir", str(out), "--jobs", "2")
+        result = ablate("--sweep", str(path), "--runs-dir", str(runs), "--results-dir", str(results_dir), "--jobs", "2")
     assert result.returncode == 1, result.stdout + result.stderr
     assert "transformer/seed0: failed: train.py exited 2: error:" in result.stdout
     results = json.loads((out / "results.json").read_text())
