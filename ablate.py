@@ -10,7 +10,8 @@ gets ``results.json``, ``table.md`` and plots (``seqmodels.sweeps.report``). ``-
 the report from what the runs left, running nothing.
 
 Exit status: 0 when every selected run is done, 1 when any failed or hit the time limit, 2 when the
-sweep file is refused (nothing ran).
+sweep file is refused (nothing ran), 130 when interrupted (Ctrl-C: the runs save checkpoints; rerun
+to resume).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-EXIT_DONE, EXIT_SOME_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_DONE, EXIT_SOME_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 def parse_args(argv):
@@ -87,7 +88,11 @@ def main(argv=None) -> int:
               f"{variant.flops_per_token:.3g} forward FLOPs/token", flush=True)
     statuses = []
     if not args.report_only:
-        statuses = run_all([s for s in specs if s.variant.name in selected], args.jobs, sweep.time_limit_minutes)
+        try:
+            statuses = run_all([s for s in specs if s.variant.name in selected], args.jobs, sweep.time_limit_minutes)
+        except KeyboardInterrupt:
+            print("ablate: interrupted; the runs saved checkpoints: run the same command to resume", file=sys.stderr)
+            return EXIT_INTERRUPTED
     command = ["python", "ablate.py", *(sys.argv[1:] if argv is None else argv)]
     results = collect(sweep, specs, command, Path.cwd())
     out = Path(args.results_dir) / sweep.name

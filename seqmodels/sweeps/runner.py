@@ -3,7 +3,10 @@
 Run ``(variant, seed)`` lives in ``runs/sweeps/NAME/VARIANT/seed<S>/`` (train.py's run directory,
 ``train.log`` and ``eval.log`` beside its checkpoints) and records its outcome in ``sweep_run.json``
 there: ``status`` is ``done`` (trained to the budget and evaluated), ``time_limit`` (stopped by the
-sweep's ``time_limit_minutes``; its last checkpoint alone is evaluated), or ``failed`` (with the error).
+sweep's ``time_limit_minutes``; its last checkpoint alone is evaluated), ``interrupted`` (train.py
+stopped by SIGINT / SIGTERM after saving a checkpoint; not evaluated), or ``failed`` (with the error).
+A run whose settings changed since its checkpoint (an edited sweep file) is refused by train.py and
+reported as failed with train.py's message: give it another ``name`` or remove its run directory.
 
 Resuming: a run whose ``sweep_run.json`` says ``done`` for the same command is skipped; any other
 run is started again with the same command, and train.py resumes it from its newest checkpoint
@@ -87,6 +90,12 @@ def is_finished(spec: RunSpec) -> bool:
     return bool(status) and status.get("status") == "done" and status.get("train_command") == list(spec.train_command)
 
 
+def saved_steps(run_dir: Path) -> list[int]:
+    """The checkpoint steps in ``run_dir`` (orbax writes one directory per step, named by the step)."""
+    directory = run_dir / "checkpoints"
+    return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit()) if directory.is_dir() else []
+
+
 def single_thread_env() -> dict:
     env = dict(os.environ)
     env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + SINGLE_THREAD_FLAGS).strip()
@@ -145,6 +154,15 @@ def execute(spec: RunSpec, time_limit_minutes: float = 0.0) -> dict:
     if code == EXIT_PREEMPTED and limited:
         status["status"] = "time_limit"
         status["error"] = f"stopped by time_limit_minutes={time_limit_minutes:g} before train.steps={spec.variant.steps}"
+        if not saved_steps(spec.run_dir):
+            status["error"] += " and before its first step ended (start-up, compilation and one step took longer)"
+            _write_status(spec, status)
+            return status
+    elif code == EXIT_PREEMPTED:
+        status.update(status="interrupted", error="stopped by a signal after saving a checkpoint; run the sweep again "
+                                                  "to resume it")
+        _write_status(spec, status)
+        return status
     elif code != 0:
         status.update(status="failed", error=f"train.py exited {code}: {_tail(spec.run_dir / 'train.log')}")
         _write_status(spec, status)
