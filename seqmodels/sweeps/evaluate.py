@@ -1,6 +1,7 @@
 """Evaluate one sweep run: ``python -m seqmodels.sweeps.evaluate --run DIR --settings JSON --out FILE``.
 
-For every checkpoint step of the run (``--last-only``: the last) (``checkpoint.every_steps`` apart, so the sweep's ``eval.points``
+For every checkpoint step of the run (``--last-only``: the last one) (``checkpoint.every_steps`` apart, so
+the sweep's ``eval.points``
 of them): held-out loss (``evaluation.perplexity``, ``eval.batch_size`` x ``eval.max_batches`` rows),
 giving validation loss against training tokens and FLOPs. At the last step, every suite of
 ``eval.suites``: ``perplexity`` (loss per position bucket), ``recall`` (``evaluation.recall``: MQAR and

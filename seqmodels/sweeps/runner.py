@@ -153,7 +153,8 @@ def execute(spec: RunSpec, time_limit_minutes: float = 0.0) -> dict:
     status["train_exit"] = code
     if code == EXIT_PREEMPTED and limited:
         status["status"] = "time_limit"
-        status["error"] = f"stopped by time_limit_minutes={time_limit_minutes:g} before train.steps={spec.variant.steps}"
+        status["error"] = (f"stopped by time_limit_minutes={time_limit_minutes:g} before "
+                           f"train.steps={spec.variant.steps}")
         if not saved_steps(spec.run_dir):
             status["error"] += " and before its first step ended (start-up, compilation and one step took longer)"
             _write_status(spec, status)

@@ -191,14 +191,15 @@ def test_the_command_builds_debdocs_from_packages_offline(tmp_path, monkeypatch,
         "python3.11-doc": package("python3.11-doc", {"usr/share/doc/python3.11/html/_sources/a.rst.txt": RST.encode()}),
         "linux-doc-6.1": package("linux-doc-6.1", {"usr/share/doc/linux-doc-6.1/Documentation/x.rst.gz":
                                                    gzip.compress(b"Kernel\n======\n\nText.\n")}),
-        "dict-gcide": package("dict-gcide", {"usr/share/dictd/gcide.index": f"apple\tA\t{cleaning._DICTD_DIGITS[len(entry)]}\n".encode(),
-                                             "usr/share/dictd/gcide.dict.dz": gzip.compress(entry.encode())}),
+        "dict-gcide": package("dict-gcide", {
+            "usr/share/dictd/gcide.index": f"apple\tA\t{cleaning._DICTD_DIGITS[len(entry)]}\n".encode(),
+            "usr/share/dictd/gcide.dict.dz": gzip.compress(entry.encode())}),
         "fortunes": package("fortunes", {"usr/share/games/fortunes/work": b"one\n%\ntwo\n%\n",
                                          "usr/share/games/fortunes/work.dat": b"\x00"}),
         "fortunes-min": package("fortunes-min", {"usr/share/games/fortunes/fortunes": b"three\n%\n"}),
     }
-    monkeypatch.setattr(deb, "resolve_newest", lambda pattern, state_dir=None:
-                        {r"python3\.[0-9]+-doc": "python3.11-doc", r"linux-doc-[0-9]+\.[0-9]+": "linux-doc-6.1"}[pattern])
+    newest = {r"python3\.[0-9]+-doc": "python3.11-doc", r"linux-doc-[0-9]+\.[0-9]+": "linux-doc-6.1"}
+    monkeypatch.setattr(deb, "resolve_newest", lambda pattern, state_dir=None: newest[pattern])
     monkeypatch.setattr(deb, "download", lambda names, directory: {n: debs[n] for n in names})
     out = tmp_path / "debdocs"
     assert main(["debdocs", "--out", str(out), "--validation-fraction", "0.2", "--test-fraction", "0.2"]) == 0
