@@ -7,9 +7,10 @@ evaluation: loss curve, loss by position, recall / needle accuracy, tokens/s).
 
 ``table.md``: one row per variant: parameters, forward FLOPs per token, tokens/s (median over its
 runs' logged steps) and its ratio to the first variant's, tokens trained, validation loss mean ±
-std over the seeds that finished (std over one seed is not shown), the loss in a few position
-buckets, needle / recall accuracy, and the status (a failed run's error, a time-limited run's
-step). A variant none of whose runs was evaluated shows its error only.
+std over the seeds that finished (std over one seed is not shown; a time-limited run's loss at the
+tokens it reached in parentheses), needle / recall accuracy, and the status (a failed run's error, a time-limited run's
+step). A variant none of whose runs was evaluated shows its error only. Below it, the final loss per
+position bucket of every evaluated variant.
 
 Plots (matplotlib, Agg): ``loss_vs_tokens.png``, ``loss_vs_flops.png`` (validation loss at each
 evaluated checkpoint, mean over seeds), ``loss_by_position.png`` (final loss per position bucket),
@@ -66,6 +67,8 @@ def summarise(runs: list[dict]) -> dict:
                "tokens_per_second": statistics.median(speed) if speed else None,
                "tokens_trained": [e["tokens"] for e in evaluated],
                "steps_trained": [r["speed"].get("last_step") for r in runs if "speed" in r],
+               "partial_losses": [[e["tokens"], e["curve"][-1]["loss"]] for r, e in
+                                  ((r, r["eval"]) for r in runs if "eval" in r) if r["status"] != "done"],
                "statuses": [r["status"] for r in runs],
                "errors": [r.get("error") for r in runs if r.get("error")]}
     if evaluated and all("perplexity" in e for e in evaluated):
@@ -128,6 +131,9 @@ def table_markdown(results: dict) -> str:
         loss = summary["loss_mean"]
         loss_text = "–" if loss is None else _number(loss) + (f" ± {summary['loss_std']:.3f}" if summary["loss_std"]
                                                                is not None else "")
+        if loss is None and summary["partial_losses"]:  # time-limited: its loss at fewer tokens, not comparable
+            loss_text = "(" + ", ".join(f"{value:.3f} at {_si(tokens)}" for tokens, value in
+                                        summary["partial_losses"]) + ")"
         trained = ", ".join(_si(t) for t in summary["tokens_trained"]) or "–"
         row = [variant["name"], _si(variant["parameters"]), _si(variant["forward_flops_per_token"]),
                _number(speed, 0), _number(speed / baseline if speed and baseline else None, 2),
@@ -150,7 +156,8 @@ def table_markdown(results: dict) -> str:
             + position_table(variants) + "\n"
             "tokens/s: median over the logged training steps (the first, compiling, left out), same machine, "
             "same run; `× first` is the ratio to the first variant's. val loss: nats per token on the "
-            "held-out documents at the last step, over the seeds that trained to the budget. "
+            "held-out documents at the last step, over the seeds that trained to the budget; in parentheses, "
+            "the loss of a run stopped by the time limit at the tokens it reached (not comparable). "
             "[a, b): loss of the tokens at positions a..b-1 of their document (mean over the evaluated seeds).\n")
 
 
