@@ -65,6 +65,7 @@ def summarise(runs: list[dict]) -> dict:
     speed = [r["speed"]["tokens_per_second"] for r in runs if r.get("speed", {}).get("tokens_per_second")]
     summary = {"loss_mean": loss_mean, "loss_std": loss_std, "seeds_finished": len(finished),
                "tokens_per_second": statistics.median(speed) if speed else None,
+               "speed_includes_compilation": any(r.get("speed", {}).get("includes_compilation") for r in runs),
                "tokens_trained": [e["tokens"] for e in evaluated],
                "steps_trained": [r["speed"].get("last_step") for r in runs if "speed" in r],
                "partial_losses": [[e["tokens"], e["curve"][-1]["loss"]] for r, e in
@@ -136,7 +137,9 @@ def table_markdown(results: dict) -> str:
                                         summary["partial_losses"]) + ")"
         trained = ", ".join(_si(t) for t in summary["tokens_trained"]) or "–"
         row = [variant["name"], _si(variant["parameters"]), _si(variant["forward_flops_per_token"]),
-               _number(speed, 0), _number(speed / baseline if speed and baseline else None, 2),
+               ("≥" if summary["speed_includes_compilation"] else "") + _number(speed, 0),
+               ("≥" if summary["speed_includes_compilation"] else "")
+               + _number(speed / baseline if speed and baseline else None, 2),
                f"{trained} of {_si(variant['tokens'])}", loss_text]
         if has_needle:
             row.append(_number(summary.get("needle_accuracy"), 2))
@@ -155,7 +158,8 @@ def table_markdown(results: dict) -> str:
             f"Command: `{' '.join(results['command'])}`\n\n" + "\n".join(lines) + "\n\n"
             + position_table(variants) + "\n"
             "tokens/s: median over the logged training steps (the first, compiling, left out), same machine, "
-            "same run; `× first` is the ratio to the first variant's. val loss: nats per token on the "
+            "same sweep; ≥: only the first logged steps ran, so the rate includes the compilation and the steady "
+            "rate is higher; `× first` is the ratio to the first variant's. val loss: nats per token on the "
             "held-out documents at the last step, over the seeds that trained to the budget; in parentheses, "
             "the loss of a run stopped by the time limit at the tokens it reached (not comparable). "
             "[a, b): loss of the tokens at positions a..b-1 of their document (mean over the evaluated seeds).\n")
