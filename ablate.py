@@ -48,7 +48,7 @@ def run_all(specs, jobs: int, time_limit_minutes: float) -> list[dict]:
         print(f"ablate: {len(specs) - len(pending)} of {len(specs)} runs already done, skipped", flush=True)
     bar = tqdm(total=len(specs), initial=len(specs) - len(pending), unit="run", desc="sweep", dynamic_ncols=True,
                file=sys.stdout)
-    failed = 0
+    not_done = 0
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         futures = {pool.submit(execute, spec, time_limit_minutes): spec for spec in pending}
         for future in as_completed(futures):
@@ -59,10 +59,10 @@ def run_all(specs, jobs: int, time_limit_minutes: float) -> list[dict]:
                 status = {"status": "failed", "error": f"{type(error).__name__}: {error}"}
             statuses.append(status)
             if status["status"] != "done":
-                failed += 1
+                not_done += 1
                 bar.write(f"ablate: {spec.key}: {status['status']}: {status.get('error', '')}")
             bar.update(1)
-            bar.set_postfix(failed=failed, refresh=True)
+            bar.set_postfix(not_done=not_done, refresh=True)
     bar.close()
     return statuses
 

@@ -35,6 +35,7 @@ from seqmodels.sweeps.spec import Sweep, Variant
 EXIT_PREEMPTED = 3  # train.py: stopped by a signal after saving a checkpoint
 SINGLE_THREAD_FLAGS = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 STATUS_FILE = "sweep_run.json"
+STOP_GRACE_S = 600  # train.py honours SIGTERM between steps; a run still in a step this long after it is killed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,7 +125,7 @@ def _run_process(command, log_path: Path, time_limit_s: float | None) -> tuple[i
         except subprocess.TimeoutExpired:
             process.send_signal(signal.SIGTERM)  # train.py saves its last step, then exits 3
             try:
-                return process.wait(timeout=600), True
+                return process.wait(timeout=STOP_GRACE_S), True
             except subprocess.TimeoutExpired:
                 process.kill()
                 return process.wait(), True
@@ -151,6 +152,11 @@ def execute(spec: RunSpec, time_limit_minutes: float = 0.0) -> dict:
     code, limited = _run_process(spec.train_command, spec.run_dir / "train.log", limit)
     status["train_seconds"] = time.perf_counter() - start
     status["train_exit"] = code
+    if limited and code != EXIT_PREEMPTED:  # still inside a step (or compiling) long after SIGTERM: killed
+        status.update(status="time_limit", error=f"stopped by time_limit_minutes={time_limit_minutes:g}: no training "
+                      f"step ended within {STOP_GRACE_S} s of SIGTERM, so it was killed without a checkpoint")
+        _write_status(spec, status)
+        return status
     if code == EXIT_PREEMPTED and limited:
         status["status"] = "time_limit"
         status["error"] = (f"stopped by time_limit_minutes={time_limit_minutes:g} before "
