@@ -117,6 +117,11 @@ def _si(value: float) -> str:
     return f"{value:.0f}"
 
 
+def _shorten(text: str, limit: int = 320) -> str:
+    """The end of a long error (where train.py's last words are), marked as cut."""
+    return text if len(text) <= limit else "…" + text[-limit:]
+
+
 def table_markdown(results: dict) -> str:
     variants = results["variants"]
     baseline = next((v["summary"]["tokens_per_second"] for v in variants if v["summary"]["tokens_per_second"]), None)
@@ -150,7 +155,7 @@ def table_markdown(results: dict) -> str:
         note = ", ".join(f"seed {r['seed']}: {r['status']}" for r in variant["runs"]) if set(statuses) != {"done"} \
             else "done"
         if summary["errors"]:
-            note += " — " + "; ".join(e.replace("|", "/")[:300] for e in summary["errors"])
+            note += " — " + "; ".join(_shorten(e.replace("|", "/")) for e in summary["errors"])
         lines.append("| " + " | ".join([*row, note]) + " |")
     budget = ", ".join(f"{k} {v:g}" for k, v in results["budget"].items())
     return (f"# Sweep `{results['sweep']}`\n\nBudget per run: {budget}; seeds {results['seeds']}; commit "
