@@ -3,7 +3,7 @@
 Run ``(variant, seed)`` lives in ``runs/sweeps/NAME/VARIANT/seed<S>/`` (train.py's run directory,
 ``train.log`` and ``eval.log`` beside its checkpoints) and records its outcome in ``sweep_run.json``
 there: ``status`` is ``done`` (trained to the budget and evaluated), ``time_limit`` (stopped by the
-sweep's ``time_limit_minutes``; its last checkpoint alone is evaluated), ``interrupted`` (train.py
+sweep's ``time_limit_minutes``; its last checkpoint alone is evaluated, under the same limit), ``interrupted`` (train.py
 stopped by SIGINT / SIGTERM after saving a checkpoint; not evaluated), or ``failed`` (with the error).
 A run whose settings changed since its checkpoint (an edited sweep file) is refused by train.py and
 reported as failed with train.py's message: give it another ``name`` or remove its run directory.
@@ -178,9 +178,12 @@ def execute(spec: RunSpec, time_limit_minutes: float = 0.0) -> dict:
         status["status"] = "done"
     # A time-limited run is evaluated at its last checkpoint only: its evaluation is as slow as its training.
     evaluate = spec.eval_command + (("--last-only",) if status["status"] == "time_limit" else ())
-    code, _ = _run_process(evaluate, spec.run_dir / "eval.log", None)
+    code, eval_limited = _run_process(evaluate, spec.run_dir / "eval.log", limit)
     status["eval_exit"] = code
-    if code != 0:
+    if eval_limited:
+        status.update(status="time_limit", error=f"evaluation stopped by time_limit_minutes={time_limit_minutes:g} "
+                                                 "(its forward passes are as slow as its training)")
+    elif code != 0:
         status.update(status="failed", error=f"evaluation exited {code}: {_tail(spec.run_dir / 'eval.log')}")
     status["seconds"] = time.perf_counter() - start
     _write_status(spec, status)
