@@ -178,6 +178,7 @@ def execute(spec: RunSpec, time_limit_minutes: float = 0.0) -> dict:
         status["status"] = "done"
     # A time-limited run is evaluated at its last checkpoint only: its evaluation is as slow as its training.
     evaluate = spec.eval_command + (("--last-only",) if status["status"] == "time_limit" else ())
+    (spec.run_dir / "sweep_eval.json").unlink(missing_ok=True)  # an earlier invocation's results are stale now
     code, eval_limited = _run_process(evaluate, spec.run_dir / "eval.log", limit)
     status["eval_exit"] = code
     if eval_limited:
