@@ -201,6 +201,8 @@ def write_plots(results: dict, out: Path) -> list[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    # 20 distinct colours: a sweep may have more variants than the default cycle's 10
+    plt.rcParams["axes.prop_cycle"] = plt.cycler(color=plt.get_cmap("tab20").colors)
     written = []
     for axis, name, label in (("tokens", "loss_vs_tokens.png", "training tokens"),
                               ("flops", "loss_vs_flops.png", "training FLOPs")):
