@@ -10,7 +10,8 @@ gets ``results.json``, ``table.md`` and plots (``seqmodels.sweeps.report``). ``-
 the report from what the runs left, running nothing.
 
 Exit status: 0 when every selected run is done, 1 when any failed or hit the time limit, 2 when the
-sweep file is refused (nothing ran).
+sweep file is refused (nothing ran), 130 when interrupted (Ctrl-C: the runs save checkpoints; rerun
+to resume).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-EXIT_DONE, EXIT_SOME_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_DONE, EXIT_SOME_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 def parse_args(argv):
@@ -47,7 +48,7 @@ def run_all(specs, jobs: int, time_limit_minutes: float) -> list[dict]:
         print(f"ablate: {len(specs) - len(pending)} of {len(specs)} runs already done, skipped", flush=True)
     bar = tqdm(total=len(specs), initial=len(specs) - len(pending), unit="run", desc="sweep", dynamic_ncols=True,
                file=sys.stdout)
-    failed = 0
+    not_done = 0
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         futures = {pool.submit(execute, spec, time_limit_minutes): spec for spec in pending}
         for future in as_completed(futures):
@@ -58,10 +59,10 @@ def run_all(specs, jobs: int, time_limit_minutes: float) -> list[dict]:
                 status = {"status": "failed", "error": f"{type(error).__name__}: {error}"}
             statuses.append(status)
             if status["status"] != "done":
-                failed += 1
+                not_done += 1
                 bar.write(f"ablate: {spec.key}: {status['status']}: {status.get('error', '')}")
             bar.update(1)
-            bar.set_postfix(failed=failed, refresh=True)
+            bar.set_postfix(not_done=not_done, refresh=True)
     bar.close()
     return statuses
 
@@ -87,7 +88,11 @@ def main(argv=None) -> int:
               f"{variant.flops_per_token:.3g} forward FLOPs/token", flush=True)
     statuses = []
     if not args.report_only:
-        statuses = run_all([s for s in specs if s.variant.name in selected], args.jobs, sweep.time_limit_minutes)
+        try:
+            statuses = run_all([s for s in specs if s.variant.name in selected], args.jobs, sweep.time_limit_minutes)
+        except KeyboardInterrupt:
+            print("ablate: interrupted; the runs saved checkpoints: run the same command to resume", file=sys.stderr)
+            return EXIT_INTERRUPTED
     command = ["python", "ablate.py", *(sys.argv[1:] if argv is None else argv)]
     results = collect(sweep, specs, command, Path.cwd())
     out = Path(args.results_dir) / sweep.name

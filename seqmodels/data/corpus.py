@@ -154,7 +154,8 @@ class DocumentSplit:
         if isinstance(self.train, FileDocuments):
             size = f"{self.train.num_bytes + self.heldout.num_bytes:,} bytes"
         else:
-            size = f"{self.train.num_bytes:,} bytes of {'shards' if isinstance(self.train, RecordDocuments) else 'files'}"
+            stored = "shards" if isinstance(self.train, RecordDocuments) else "files"
+            size = f"{self.train.num_bytes:,} bytes of {stored}"
         return (f"data: {self.source} ({self.location}): {len(self.train)} train / "
                 f"{len(self.heldout)} held-out documents, {size}")
 

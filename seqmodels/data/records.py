@@ -15,6 +15,7 @@ document). ``text.py`` packs these documents into rows like every other corpus.
 from __future__ import annotations
 
 import bisect
+import functools
 import glob
 import json
 import os
@@ -92,20 +93,22 @@ class _RowFiles:
                          "data.text_field to the field that holds the text")
 
 
+@functools.lru_cache(maxsize=32)
+def _line_offsets(path: str, mtime: float, size: int) -> np.ndarray:
+    """Byte offsets of the non-blank lines of ``path`` (cached while its mtime and size stay the same)."""
+    offsets, position = [], 0
+    with open(path, "rb") as handle:
+        for line in handle:
+            if line.strip():
+                offsets.append(position)
+            position += len(line)
+    return np.asarray(offsets, dtype=np.int64)
+
+
 class JsonlReader(_RowFiles):
     def __init__(self, files: Sequence[str], pattern: str, field: str, origin: str):
-        self.offsets = [self._line_offsets(f) for f in files]
+        self.offsets = [_line_offsets(f, os.path.getmtime(f), os.path.getsize(f)) for f in files]
         super().__init__(files, [len(o) for o in self.offsets], pattern, field, origin)
-
-    @staticmethod
-    def _line_offsets(path: str) -> np.ndarray:
-        offsets, position = [], 0
-        with open(path, "rb") as handle:
-            for line in handle:
-                if line.strip():
-                    offsets.append(position)
-                position += len(line)
-        return np.asarray(offsets, dtype=np.int64)
 
     def text(self, row: int) -> str:
         file_index, local = self.locate(row)

@@ -65,7 +65,7 @@ def _write_shard(job: tuple) -> dict:
 
 def write_token_shards(texts: Sequence[str], output_dir: str, num_shards: int, tokenizer_name: str, *,
                        prefix: str = "tokens", workers: int = 1) -> dict:
-    """Tokenize ``texts`` into ``num_shards`` shards in ``output_dir`` with ``workers`` processes; return the metadata."""
+    """Tokenize ``texts`` into ``num_shards`` shards in ``output_dir`` by ``workers`` processes; return the metadata."""
     from seqmodels.data.prepare import SHARD_SUFFIX, shard_paths
 
     if not isinstance(workers, int) or workers < 1:
@@ -73,7 +73,8 @@ def write_token_shards(texts: Sequence[str], output_dir: str, num_shards: int, t
     tokenizer = get_tokenizer(tokenizer_name)
     dtype = "<u2" if tokenizer.vocab_size <= 1 << 16 else "<i4"
     os.makedirs(output_dir, exist_ok=True)
-    if any(f.endswith(SHARD_SUFFIX) for f in os.listdir(output_dir)) or os.path.exists(os.path.join(output_dir, METADATA)):
+    taken = os.path.exists(os.path.join(output_dir, METADATA))
+    if taken or any(f.endswith(SHARD_SUFFIX) for f in os.listdir(output_dir)):
         raise ValueError(f"--output {output_dir!r} already holds shards; choose an empty directory so that old "
                          "shards do not mix with new ones")
     paths = shard_paths(output_dir, num_shards, prefix)
@@ -204,7 +205,8 @@ def token_ids_train(cfg: DataConfig, *, batch_size: int, process_index: int, pro
 def token_ids_eval(cfg: DataConfig, *, batch_size: int, max_batches: int) -> list[dict]:
     _, heldout = token_documents(cfg)
     if not len(heldout):
-        raise DataError(f"data.source='token_ids': no held-out documents (data.heldout_fraction={cfg.heldout_fraction})")
+        raise DataError(f"data.source='token_ids': no held-out documents "
+                        f"(data.heldout_fraction={cfg.heldout_fraction})")
     stream = grain.MapDataset.source(heldout).map(FrameIds(*get_tokenizer(cfg.tokenizer).document_ids()))
     batches = pack_and_batch(stream.to_iter_dataset(), seq_len=cfg.seq_len, batch_size=batch_size, drop_remainder=False)
     result = []

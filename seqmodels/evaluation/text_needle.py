@@ -81,6 +81,15 @@ def text_needle_rows(config, *, length: int, depths, per_depth: int, seed: int =
     return np.stack(rows), answers, row_depths
 
 
+def answer_hits(predicted: np.ndarray, targets: np.ndarray, answers) -> list[bool]:
+    """Per row: is the argmax ``predicted[t]`` (which predicts ``targets[t] = row[t + 1]``) right at every answer token?
+
+    ``answers[i]`` is the answer's slice of row ``i``; its tokens are ``targets[i, start - 1 : stop - 1]``.
+    """
+    return [bool(np.all(predicted[i, a.start - 1:a.stop - 1] == targets[i, a.start - 1:a.stop - 1]))
+            for i, a in enumerate(answers)]
+
+
 def text_needle_accuracy(model, config, *, length: int, depths, per_depth: int, seed: int = 1234,
                          batch_size: int = 8) -> dict:
     """``{"accuracy", "examples", "length", "by_depth": {depth: accuracy}}`` (module docstring)."""
@@ -96,10 +105,7 @@ def text_needle_accuracy(model, config, *, length: int, depths, per_depth: int, 
         batch = [np.concatenate([a[chunk], np.repeat(a[chunk][-1:], pad, axis=0)]) for a in (inputs, segment_ids,
                                                                                              positions)]
         predicted = np.asarray(jax.device_get(_argmax(model, *map(jnp.asarray, batch))))[:count]
-        for offset in range(count):
-            answer = answers[start + offset]
-            predicted_slice = slice(answer.start - 1, answer.stop - 1)  # logits at t predict token t + 1
-            hits.append(bool(np.all(predicted[offset, predicted_slice] == targets[start + offset, predicted_slice])))
+        hits += answer_hits(predicted, targets[chunk], answers[chunk])
     by_depth = defaultdict(list)
     for depth, hit in zip(row_depths, hits):
         by_depth[round(depth, 4)].append(hit)

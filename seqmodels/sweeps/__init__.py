@@ -1,1 +1,2 @@
-"""Sweeps: ``ablate.py``'s sweep files (``spec``), runs (``runner``), per-run evaluation (``evaluate``), reports (``report``)."""
+"""Sweeps: ``ablate.py``'s sweep files (``spec``), runs (``runner``), per-run evaluation (``evaluate``) and
+reports (``report``)."""

@@ -1,11 +1,13 @@
 """Evaluate one sweep run: ``python -m seqmodels.sweeps.evaluate --run DIR --settings JSON --out FILE``.
 
-For every checkpoint step of the run (``--last-only``: the last) (``checkpoint.every_steps`` apart, so the sweep's ``eval.points``
+For every checkpoint step of the run (``--last-only``: the last one) (``checkpoint.every_steps`` apart, so
+the sweep's ``eval.points``
 of them): held-out loss (``evaluation.perplexity``, ``eval.batch_size`` x ``eval.max_batches`` rows),
 giving validation loss against training tokens and FLOPs. At the last step, every suite of
 ``eval.suites``: ``perplexity`` (loss per position bucket), ``recall`` (``evaluation.recall``: MQAR and
 selective copying of ``data.synthetic``), ``needle`` (``evaluation.text_needle``: a number hidden at
-each of ``eval.needle.depths`` of held-out text). The run's own ``metrics.jsonl`` gives tokens/s.
+each of ``eval.needle.depths`` of held-out text). The run's own ``metrics.jsonl`` gives tokens/s (median over its logged rows after the first, which
+includes the compilation; a run with one row only reports that row, flagged ``includes_compilation``).
 Writes ``--out`` as JSON atomically, only once everything has run.
 """
 
@@ -28,11 +30,14 @@ def training_speed(run_dir: Path) -> dict:
             rows.append(json.loads(line))
         except ValueError:
             continue
-    timed = [r for r in rows if "tokens_per_second" in r][1:] or [r for r in rows if "tokens_per_second" in r]
-    if not timed:
+    logged = [r for r in rows if "tokens_per_second" in r]
+    if not logged:
         return {"tokens_per_second": None, "logged_steps": len(rows)}
+    # With one logged row only, its rate includes the compilation: a lower bound on the steady rate.
+    timed = logged[1:] or logged
     return {"tokens_per_second": statistics.median(r["tokens_per_second"] for r in timed),
-            "logged_steps": len(rows), "last_step": rows[-1]["step"], "last_train_loss": rows[-1].get("loss")}
+            "includes_compilation": len(logged) == 1, "logged_steps": len(rows), "last_step": rows[-1]["step"],
+            "last_train_loss": rows[-1].get("loss")}
 
 
 def evaluate_run(run_dir: Path, settings: dict, *, last_only: bool = False) -> dict:

@@ -7,9 +7,10 @@ evaluation: loss curve, loss by position, recall / needle accuracy, tokens/s).
 
 ``table.md``: one row per variant: parameters, forward FLOPs per token, tokens/s (median over its
 runs' logged steps) and its ratio to the first variant's, tokens trained, validation loss mean ±
-std over the seeds that finished (std over one seed is not shown), the loss in a few position
-buckets, needle / recall accuracy, and the status (a failed run's error, a time-limited run's
-step). A variant none of whose runs was evaluated shows its error only.
+std over the seeds that finished (std over one seed is not shown; a time-limited run's loss at the
+tokens it reached in parentheses), needle / recall accuracy, and the status (a failed run's error, a time-limited run's
+step). A variant none of whose runs was evaluated shows its error only. Below it, the final loss per
+position bucket of every evaluated variant.
 
 Plots (matplotlib, Agg): ``loss_vs_tokens.png``, ``loss_vs_flops.png`` (validation loss at each
 evaluated checkpoint, mean over seeds), ``loss_by_position.png`` (final loss per position bucket),
@@ -64,8 +65,11 @@ def summarise(runs: list[dict]) -> dict:
     speed = [r["speed"]["tokens_per_second"] for r in runs if r.get("speed", {}).get("tokens_per_second")]
     summary = {"loss_mean": loss_mean, "loss_std": loss_std, "seeds_finished": len(finished),
                "tokens_per_second": statistics.median(speed) if speed else None,
+               "speed_includes_compilation": any(r.get("speed", {}).get("includes_compilation") for r in runs),
                "tokens_trained": [e["tokens"] for e in evaluated],
                "steps_trained": [r["speed"].get("last_step") for r in runs if "speed" in r],
+               "partial_losses": [[e["tokens"], e["curve"][-1]["loss"]] for r, e in
+                                  ((r, r["eval"]) for r in runs if "eval" in r) if r["status"] != "done"],
                "statuses": [r["status"] for r in runs],
                "errors": [r.get("error") for r in runs if r.get("error")]}
     if evaluated and all("perplexity" in e for e in evaluated):
@@ -113,6 +117,11 @@ def _si(value: float) -> str:
     return f"{value:.0f}"
 
 
+def _shorten(text: str, limit: int = 320) -> str:
+    """The end of a long error (where train.py's last words are), marked as cut."""
+    return text if len(text) <= limit else "…" + text[-limit:]
+
+
 def table_markdown(results: dict) -> str:
     variants = results["variants"]
     baseline = next((v["summary"]["tokens_per_second"] for v in variants if v["summary"]["tokens_per_second"]), None)
@@ -128,9 +137,14 @@ def table_markdown(results: dict) -> str:
         loss = summary["loss_mean"]
         loss_text = "–" if loss is None else _number(loss) + (f" ± {summary['loss_std']:.3f}" if summary["loss_std"]
                                                                is not None else "")
+        if loss is None and summary["partial_losses"]:  # time-limited: its loss at fewer tokens, not comparable
+            loss_text = "(" + ", ".join(f"{value:.3f} at {_si(tokens)}" for tokens, value in
+                                        summary["partial_losses"]) + ")"
         trained = ", ".join(_si(t) for t in summary["tokens_trained"]) or "–"
         row = [variant["name"], _si(variant["parameters"]), _si(variant["forward_flops_per_token"]),
-               _number(speed, 0), _number(speed / baseline if speed and baseline else None, 2),
+               ("≥" if summary["speed_includes_compilation"] else "") + _number(speed, 0),
+               ("≥" if summary["speed_includes_compilation"] else "")
+               + _number(speed / baseline if speed and baseline else None, 2),
                f"{trained} of {_si(variant['tokens'])}", loss_text]
         if has_needle:
             row.append(_number(summary.get("needle_accuracy"), 2))
@@ -141,7 +155,7 @@ def table_markdown(results: dict) -> str:
         note = ", ".join(f"seed {r['seed']}: {r['status']}" for r in variant["runs"]) if set(statuses) != {"done"} \
             else "done"
         if summary["errors"]:
-            note += " — " + "; ".join(e.replace("|", "/")[:300] for e in summary["errors"])
+            note += " — " + "; ".join(_shorten(e.replace("|", "/")) for e in summary["errors"])
         lines.append("| " + " | ".join([*row, note]) + " |")
     budget = ", ".join(f"{k} {v:g}" for k, v in results["budget"].items())
     return (f"# Sweep `{results['sweep']}`\n\nBudget per run: {budget}; seeds {results['seeds']}; commit "
@@ -149,8 +163,10 @@ def table_markdown(results: dict) -> str:
             f"Command: `{' '.join(results['command'])}`\n\n" + "\n".join(lines) + "\n\n"
             + position_table(variants) + "\n"
             "tokens/s: median over the logged training steps (the first, compiling, left out), same machine, "
-            "same run; `× first` is the ratio to the first variant's. val loss: nats per token on the "
-            "held-out documents at the last step, over the seeds that trained to the budget. "
+            "same sweep; ≥: only the first logged steps ran, so the rate includes the compilation and the steady "
+            "rate is higher; `× first` is the ratio to the first variant's. val loss: nats per token on the "
+            "held-out documents at the last step, over the seeds that trained to the budget; in parentheses, "
+            "the loss of a run stopped by the time limit at the tokens it reached (not comparable). "
             "[a, b): loss of the tokens at positions a..b-1 of their document (mean over the evaluated seeds).\n")
 
 
@@ -185,6 +201,8 @@ def write_plots(results: dict, out: Path) -> list[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    # 20 distinct colours: a sweep may have more variants than the default cycle's 10
+    plt.rcParams["axes.prop_cycle"] = plt.cycler(color=plt.get_cmap("tab20").colors)
     written = []
     for axis, name, label in (("tokens", "loss_vs_tokens.png", "training tokens"),
                               ("flops", "loss_vs_flops.png", "training FLOPs")):

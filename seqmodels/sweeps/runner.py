@@ -3,7 +3,10 @@
 Run ``(variant, seed)`` lives in ``runs/sweeps/NAME/VARIANT/seed<S>/`` (train.py's run directory,
 ``train.log`` and ``eval.log`` beside its checkpoints) and records its outcome in ``sweep_run.json``
 there: ``status`` is ``done`` (trained to the budget and evaluated), ``time_limit`` (stopped by the
-sweep's ``time_limit_minutes``; its last checkpoint alone is evaluated), or ``failed`` (with the error).
+sweep's ``time_limit_minutes``; its last checkpoint alone is evaluated, under the same limit), ``interrupted`` (train.py
+stopped by SIGINT / SIGTERM after saving a checkpoint; not evaluated), or ``failed`` (with the error).
+A run whose settings changed since its checkpoint (an edited sweep file) is refused by train.py and
+reported as failed with train.py's message: give it another ``name`` or remove its run directory.
 
 Resuming: a run whose ``sweep_run.json`` says ``done`` for the same command is skipped; any other
 run is started again with the same command, and train.py resumes it from its newest checkpoint
@@ -32,6 +35,7 @@ from seqmodels.sweeps.spec import Sweep, Variant
 EXIT_PREEMPTED = 3  # train.py: stopped by a signal after saving a checkpoint
 SINGLE_THREAD_FLAGS = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 STATUS_FILE = "sweep_run.json"
+STOP_GRACE_S = 600  # train.py honours SIGTERM between steps; a run still in a step this long after it is killed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +91,12 @@ def is_finished(spec: RunSpec) -> bool:
     return bool(status) and status.get("status") == "done" and status.get("train_command") == list(spec.train_command)
 
 
+def saved_steps(run_dir: Path) -> list[int]:
+    """The checkpoint steps in ``run_dir`` (orbax writes one directory per step, named by the step)."""
+    directory = run_dir / "checkpoints"
+    return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit()) if directory.is_dir() else []
+
+
 def single_thread_env() -> dict:
     env = dict(os.environ)
     env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + SINGLE_THREAD_FLAGS).strip()
@@ -115,7 +125,7 @@ def _run_process(command, log_path: Path, time_limit_s: float | None) -> tuple[i
         except subprocess.TimeoutExpired:
             process.send_signal(signal.SIGTERM)  # train.py saves its last step, then exits 3
             try:
-                return process.wait(timeout=600), True
+                return process.wait(timeout=STOP_GRACE_S), True
             except subprocess.TimeoutExpired:
                 process.kill()
                 return process.wait(), True
@@ -142,9 +152,24 @@ def execute(spec: RunSpec, time_limit_minutes: float = 0.0) -> dict:
     code, limited = _run_process(spec.train_command, spec.run_dir / "train.log", limit)
     status["train_seconds"] = time.perf_counter() - start
     status["train_exit"] = code
+    if limited and code != EXIT_PREEMPTED:  # still inside a step (or compiling) long after SIGTERM: killed
+        status.update(status="time_limit", error=f"stopped by time_limit_minutes={time_limit_minutes:g}: no training "
+                      f"step ended within {STOP_GRACE_S} s of SIGTERM, so it was killed without a checkpoint")
+        _write_status(spec, status)
+        return status
     if code == EXIT_PREEMPTED and limited:
         status["status"] = "time_limit"
-        status["error"] = f"stopped by time_limit_minutes={time_limit_minutes:g} before train.steps={spec.variant.steps}"
+        status["error"] = (f"stopped by time_limit_minutes={time_limit_minutes:g} before "
+                           f"train.steps={spec.variant.steps}")
+        if not saved_steps(spec.run_dir):
+            status["error"] += " and before its first step ended (start-up, compilation and one step took longer)"
+            _write_status(spec, status)
+            return status
+    elif code == EXIT_PREEMPTED:
+        status.update(status="interrupted", error="stopped by a signal after saving a checkpoint; run the sweep again "
+                                                  "to resume it")
+        _write_status(spec, status)
+        return status
     elif code != 0:
         status.update(status="failed", error=f"train.py exited {code}: {_tail(spec.run_dir / 'train.log')}")
         _write_status(spec, status)
@@ -153,9 +178,13 @@ def execute(spec: RunSpec, time_limit_minutes: float = 0.0) -> dict:
         status["status"] = "done"
     # A time-limited run is evaluated at its last checkpoint only: its evaluation is as slow as its training.
     evaluate = spec.eval_command + (("--last-only",) if status["status"] == "time_limit" else ())
-    code, _ = _run_process(evaluate, spec.run_dir / "eval.log", None)
+    (spec.run_dir / "sweep_eval.json").unlink(missing_ok=True)  # an earlier invocation's results are stale now
+    code, eval_limited = _run_process(evaluate, spec.run_dir / "eval.log", limit)
     status["eval_exit"] = code
-    if code != 0:
+    if eval_limited:
+        status.update(status="time_limit", error=f"evaluation stopped by time_limit_minutes={time_limit_minutes:g} "
+                                                 "(its forward passes are as slow as its training)")
+    elif code != 0:
         status.update(status="failed", error=f"evaluation exited {code}: {_tail(spec.run_dir / 'eval.log')}")
     status["seconds"] = time.perf_counter() - start
     _write_status(spec, status)

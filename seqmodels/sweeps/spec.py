@@ -114,7 +114,8 @@ def override_string(key: str, value) -> str:
 def _unknown(found: Mapping, allowed: set, where: str) -> None:
     unknown = sorted(set(found) - allowed)
     if unknown:
-        raise SweepError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(sorted(allowed))}")
+        raise SweepError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; "
+                         f"allowed: {', '.join(sorted(allowed))}")
 
 
 def _mapping(value, where: str) -> dict:
@@ -136,7 +137,8 @@ def _eval_settings(raw) -> EvalSettings:
         raise SweepError(f"eval.suites: {bad or 'empty'}; choose from {', '.join(SUITES)}")
     settings = EvalSettings(suites=suites, points=raw.get("points", 4), batch_size=raw.get("batch_size", 4),
                             max_batches=raw.get("max_batches", 8),
-                            needle=NeedleSettings(**{k: tuple(v) if k == "depths" else v for k, v in needle_raw.items()}))
+                            needle=NeedleSettings(**{k: tuple(v) if k == "depths" else v
+                                                     for k, v in needle_raw.items()}))
     for key in ("points", "batch_size", "max_batches"):
         if not isinstance(getattr(settings, key), int) or getattr(settings, key) < 1:
             raise SweepError(f"eval.{key}: must be an int >= 1, got {getattr(settings, key)!r}")

@@ -172,3 +172,45 @@ def test_download_without_apt_says_what_to_do(tmp_path, monkeypatch):
     monkeypatch.setattr(deb.shutil, "which", lambda name: None)
     with pytest.raises(deb.AptError, match="apt-get is not on PATH"):
         deb.download(["fortunes"], str(tmp_path))
+
+
+def test_the_command_builds_debdocs_from_packages_offline(tmp_path, monkeypatch, capsys):
+    """python -m seqmodels.data.corpora debdocs on fixture packages (apt replaced by a directory of .debs)."""
+    from seqmodels.data.corpora.__main__ import main
+
+    def package(name, files):
+        control = _tar({"./control": f"Package: {name}\nVersion: 1.0-{len(files)}\n".encode()}, "gz")
+        path = tmp_path / "debs" / f"{name}_1.0_all.deb"
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(_ar({"debian-binary": b"2.0\n", "control.tar.gz": control,
+                              "data.tar.xz": _tar({"./" + k: v for k, v in files.items()})}))
+        return str(path)
+
+    entry = "Apple \\Ap\"ple\\, n. A fruit.\n"
+    debs = {
+        "python3.11-doc": package("python3.11-doc", {"usr/share/doc/python3.11/html/_sources/a.rst.txt": RST.encode()}),
+        "linux-doc-6.1": package("linux-doc-6.1", {"usr/share/doc/linux-doc-6.1/Documentation/x.rst.gz":
+                                                   gzip.compress(b"Kernel\n======\n\nText.\n")}),
+        "dict-gcide": package("dict-gcide", {
+            "usr/share/dictd/gcide.index": f"apple\tA\t{cleaning._DICTD_DIGITS[len(entry)]}\n".encode(),
+            "usr/share/dictd/gcide.dict.dz": gzip.compress(entry.encode())}),
+        "fortunes": package("fortunes", {"usr/share/games/fortunes/work": b"one\n%\ntwo\n%\n",
+                                         "usr/share/games/fortunes/work.dat": b"\x00"}),
+        "fortunes-min": package("fortunes-min", {"usr/share/games/fortunes/fortunes": b"three\n%\n"}),
+    }
+    newest = {r"python3\.[0-9]+-doc": "python3.11-doc", r"linux-doc-[0-9]+\.[0-9]+": "linux-doc-6.1"}
+    monkeypatch.setattr(deb, "resolve_newest", lambda pattern, state_dir=None: newest[pattern])
+    monkeypatch.setattr(deb, "download", lambda names, directory: {n: debs[n] for n in names})
+    out = tmp_path / "debdocs"
+    assert main(["debdocs", "--out", str(out), "--validation-fraction", "0.2", "--test-fraction", "0.2"]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert [(p["package"], p["version"], sum(p["documents"].values())) for p in manifest["packages"]] == [
+        ("python3.11-doc", "1.0-1", 1), ("linux-doc-6.1", "1.0-1", 1), ("dict-gcide", "1.0-2", 1),
+        ("fortunes", "1.0-2", 2), ("fortunes-min", "1.0-1", 1)]
+    texts = {json.loads(line)["name"]: json.loads(line)["text"] for split in debdocs.SPLITS
+             for line in (out / f"{split}.jsonl").read_text().splitlines()}
+    assert texts["gcide/apple#1"] == "Apple, n. A fruit."
+    assert texts["fortunes/work#2"] == "two" and texts["linux-doc/x.rst"] == "Kernel\n\nText."
+    assert "corpora: done" in capsys.readouterr().out
+    assert main(["debdocs", "--out", str(out)]) == 2  # refuses to overwrite
+    assert "already holds" in capsys.readouterr().err

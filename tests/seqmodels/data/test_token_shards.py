@@ -41,7 +41,8 @@ def test_processes_read_disjoint_shards_and_the_split_holds_out_by_hash(shards):
     heldout = set(parts[0][1].identities)
     assert not seen[0] & seen[1] and heldout and not heldout & (seen[0] | seen[1])
     assert len(seen[0] | seen[1] | heldout) == 40
-    assert {i.split(":")[0] for i in seen[0]} == {"tokens-00000-of-00004.array_record", "tokens-00002-of-00004.array_record"}
+    assert {i.split(":")[0] for i in seen[0]} == {"tokens-00000-of-00004.array_record",
+                                                  "tokens-00002-of-00004.array_record"}
     with pytest.raises(DataError, match="4 shards cannot be split among 5 processes"):
         token_documents(cfg, process_index=0, process_count=5)
 
