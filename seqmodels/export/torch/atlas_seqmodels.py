@@ -10,7 +10,8 @@ Per head (head dimension D), token by token (``pallas_kernels/atlas_memory/refer
     y_t       = W_o concat_h(RMSNorm(M_t(phi(q_t))) * silu(W_g x))
 
 with ``phi`` the polynomial features (degree p: ``[c_1 k, c_2 (k_:R (x) k_:R), ...]``), ``M`` a matrix
-``W [F, D]`` or the MLP ``phi[:D] + silu(phi W1) W2``, the gradients in closed form (outer products) and
+``W [F, D]`` or the MLP ``phi[:D] + silu(phi W1) W2`` (with ``model.atlas.memory_norm``: ``phi[:D] + g * LN(o)``,
+``o`` the linear or MLP branch, ``g [H, D]`` a learned gain), the gradients in closed form (outer products) and
 ``NS_k`` applied to the deep memory's ``W1`` and zero-padded ``W2^T`` stacked, as the JAX op does.
 
     atlas_mag:  y = g * SWA(x) + (1 - g) * Atlas(x),   g = sigmoid(W_gate x + b)
@@ -28,6 +29,7 @@ from .layers_seqmodels import RMSNorm, ShortConv, l2_normalize
 from .newton_schulz_seqmodels import newton_schulz
 
 GATES = ("alpha", "theta", "eta", "gamma")
+NORM_EPS = 1e-5  # the memory LayerNorm's epsilon (model.atlas.memory_norm), as the JAX memory
 
 
 def memory_shapes(model: dict) -> tuple[int, int, int]:
@@ -50,25 +52,48 @@ def feature_map(keys: torch.Tensor, coefficients: torch.Tensor | None, poly_key_
     return torch.cat(blocks, dim=-1)
 
 
-def memory_apply(weights, phi: torch.Tensor, value_dim: int) -> torch.Tensor:
-    """``M(phi)`` for weights ``[..., m, n]`` and ``phi [..., F]`` -> ``[..., D]``."""
+def _branch(weights, phi):
+    """``(o, pre-activation, hidden)``: the memory's branch ``phi W`` or ``silu(phi W1) W2`` (linear: None, None)."""
     if len(weights) == 1:
-        return torch.einsum("...m,...mn->...n", phi, weights[0])
-    hidden = F.silu(torch.einsum("...m,...mn->...n", phi, weights[0]))
-    return phi[..., :value_dim] + torch.einsum("...m,...mn->...n", hidden, weights[1])
-
-
-def gradient_factors(weights, phi, values, value_dim: int):
-    """``((left, right), ...)``: ``grad_W l = left (x) right`` per weight matrix (closed form)."""
-    if len(weights) == 1:
-        return ((phi, 2.0 * (torch.einsum("...m,...mn->...n", phi, weights[0]) - values)),)
-    w1, w2 = weights
-    pre = torch.einsum("...m,...mn->...n", phi, w1)
+        return torch.einsum("...m,...mn->...n", phi, weights[0]), None, None
+    pre = torch.einsum("...m,...mn->...n", phi, weights[0])
     hidden = F.silu(pre)
-    grad_out = 2.0 * (phi[..., :value_dim] + torch.einsum("...e,...ev->...v", hidden, w2) - values)
+    return torch.einsum("...e,...ev->...v", hidden, weights[1]), pre, hidden
+
+
+def _layer_norm(branch):
+    """``(LN(branch), 1 / sqrt(var + eps))`` over the last axis, no gain or bias (``NORM_EPS``)."""
+    centred = branch - branch.mean(-1, keepdim=True)
+    inverse_std = torch.rsqrt(centred.square().mean(-1, keepdim=True) + NORM_EPS)
+    return centred * inverse_std, inverse_std
+
+
+def memory_apply(weights, phi: torch.Tensor, value_dim: int, gain: torch.Tensor | None = None) -> torch.Tensor:
+    """``M(phi)`` for weights ``[..., m, n]`` and ``phi [..., F]`` -> ``[..., D]``; with a gain ``[H, D]`` the
+    memory_norm form ``phi[:D] + g * LN(o)``."""
+    branch = _branch(weights, phi)[0]
+    if gain is not None:
+        return phi[..., :value_dim] + gain * _layer_norm(branch)[0]
+    return phi[..., :value_dim] + branch if len(weights) == 2 else branch
+
+
+def gradient_factors(weights, phi, values, value_dim: int, gain: torch.Tensor | None = None):
+    """``((left, right), ...)``: ``grad_W l = left (x) right`` per weight matrix (closed form; with a gain the
+    LayerNorm's backward ``(u - mean u - n mean(u n)) / sqrt(var + eps)``, ``u = g * 2e``, replaces ``2e``)."""
+    branch, pre, hidden = _branch(weights, phi)
+    residual = phi[..., :value_dim] if len(weights) == 2 or gain is not None else 0.0
+    if gain is not None:
+        normed, inverse_std = _layer_norm(branch)
+        upstream = gain * 2.0 * (residual + gain * normed - values)
+        grad_branch = inverse_std * (upstream - upstream.mean(-1, keepdim=True)
+                                     - normed * (upstream * normed).mean(-1, keepdim=True))
+    else:
+        grad_branch = 2.0 * (residual + branch - values)
+    if len(weights) == 1:
+        return ((phi, grad_branch),)
     sigmoid = torch.sigmoid(pre)
-    grad_pre = torch.einsum("...ev,...v->...e", w2, grad_out) * (sigmoid * (1.0 + pre * (1.0 - sigmoid)))
-    return ((phi, grad_pre), (hidden, grad_out))
+    grad_pre = torch.einsum("...ev,...v->...e", weights[1], grad_branch) * (sigmoid * (1.0 + pre * (1.0 - sigmoid)))
+    return ((phi, grad_pre), (hidden, grad_branch))
 
 
 class Atlas(nn.Module):
@@ -91,6 +116,7 @@ class Atlas(nn.Module):
         shapes = ((self.features, self.hidden), (self.hidden, self.head_dim)) if self.hidden else \
             ((self.features, self.head_dim),)
         self.initial_memory = nn.ParameterList([nn.Parameter(torch.zeros(heads, m, n)) for m, n in shapes])
+        self.memory_gain = nn.Parameter(torch.ones(heads, self.head_dim)) if atlas.get("memory_norm") else None
         self.out_norm = RMSNorm(self.head_dim, model["norm_eps"])
         self.out = nn.Linear(heads * self.head_dim, d_model, bias=False)
 
@@ -109,6 +135,9 @@ class Atlas(nn.Module):
         phi_k, phi_q = (feature_map(t, coefficients, self.poly_key_dim) for t in (k, q))
         return (phi_k, v, phi_q, alpha, theta, eta, gamma), projected[:, :, :, 3]
 
+    def _gain(self):
+        return None if self.memory_gain is None else self.memory_gain.float()
+
     def _initial_state(self, batch: int, device) -> dict:
         memory = tuple(w.float().expand(batch, *w.shape).clone() for w in self.initial_memory)
         window = (batch, self.window, self.heads)
@@ -120,7 +149,7 @@ class Atlas(nn.Module):
     def _window_gradient(self, base, keys, values, weights):
         """``G = sum_i w_i clip(grad l(base; k_i, v_i))`` over the window axis 1 of ``keys [B, c, H, F]``."""
         expanded = tuple(w[:, None] for w in base)
-        factors = gradient_factors(expanded, keys, values, self.head_dim)
+        factors = gradient_factors(expanded, keys, values, self.head_dim, self._gain())
         norm_sq = sum(left.square().sum(-1) * right.square().sum(-1) for left, right in factors)
         clip = torch.ones_like(norm_sq) if self.grad_clip == 0 else \
             self.grad_clip * torch.rsqrt(torch.clamp_min(norm_sq, self.grad_clip**2))
@@ -152,7 +181,7 @@ class Atlas(nn.Module):
         memory = tuple(alpha[..., None, None] * m + update_scale * n
                        for m, n in zip(state["memory"], self._orthogonalize(momentum)))
         state.update(memory=memory, momentum=momentum, position=state["position"] + 1)
-        return memory_apply(memory, phi_q, self.head_dim)
+        return memory_apply(memory, phi_q, self.head_dim, self._gain())
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: dict | None = None):
         del positions  # a recurrence

@@ -9,13 +9,13 @@ import dataclasses
 
 import numpy as np
 import pytest
-from export_parity import (CONFIGS, LOGIT_TOLERANCE, config_name, jax_logits, jax_model, load_torch, measure_lm,
-                           parity_row, random_params, tiny_config)
+from export_parity import (CONFIGS, LOGIT_TOLERANCE, config_kind, config_name, jax_logits, jax_model, load_torch,
+                           measure_lm, parity_row, random_params, tiny_config)
 
 from seqmodels.config import AttentionConfig
 
 FAST = {"swa", "deltanet", "mamba2", "longhorn"}  # under ~20 s here; the others are marked slow
-LM_CONFIGS = [path for path in CONFIGS if tiny_config(path).kind == "lm"]
+LM_CONFIGS = [path for path in CONFIGS if config_kind(path) == "lm"]
 
 
 def _case(path):
@@ -62,6 +62,8 @@ SETTING_VARIANTS = {
         mixers=("atlas", "atlas_mal"), atlas=dict(ns_coefficients="polar_express", ns_steps=3, grad_clip=0.0,
                                                   eta_scales="gradient", poly_degree=3, poly_key_dim=3,
                                                   chunk_size=16, window=3)),  # 24 tokens: a partial last chunk
+    "atlas_memory_norm_deep": dict(mixers=("atlas", "atlas_mag"), atlas=dict(memory_norm=True)),
+    "atlas_memory_norm_linear": dict(mixers=("atlas",), atlas=dict(memory_norm=True, memory_depth=1)),
 }
 
 
