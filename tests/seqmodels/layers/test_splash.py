@@ -1,6 +1,6 @@
-"""Splash attention (the TPU kernel, here in Pallas interpret mode) against the explicit-mask path on
-packed rows: outputs of every real token and all gradients, for causal, sliding-window and
-bidirectional rules. float32 throughout; the two differ by summation order only (online softmax
+"""Splash attention (the TPU kernel) and flash attention (the Triton kernels), here in Pallas
+interpret mode, against the explicit-mask path on packed rows: outputs of every real token and all
+gradients, for causal, sliding-window and bidirectional rules; and which kernel ``auto`` picks. float32 throughout; the two differ by summation order only (online softmax
 over 128-key blocks against one softmax): 2e-5 absolute on O(1) values."""
 
 import jax
@@ -23,8 +23,9 @@ def _packed_rows():
     return jnp.asarray(segments), jnp.asarray(positions)
 
 
+@pytest.mark.parametrize("implementation", ["splash", "flash"])
 @pytest.mark.parametrize(("window", "causal"), [(None, True), (40, True), (None, False)])
-def test_splash_matches_the_masked_path_on_packed_rows_forward_and_backward(window, causal):
+def test_kernels_match_the_masked_path_on_packed_rows_forward_and_backward(implementation, window, causal):
     keys = jax.random.split(jax.random.PRNGKey(0), 3)
     q = jax.random.normal(keys[0], (B, T, H, D))
     k, v = (jax.random.normal(key, (B, T, HKV, D)) for key in keys[1:])
@@ -39,7 +40,7 @@ def test_splash_matches_the_masked_path_on_packed_rows_forward_and_backward(wind
             return jnp.sum(jnp.where(real, out, 0.0) * weights), out
         return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))(q, k, v)
 
-    (_, out), grads = run("splash")
+    (_, out), grads = run(implementation)
     (_, expected_out), expected_grads = run("xla")
     np.testing.assert_allclose(jnp.where(real, out, 0.0), jnp.where(real, expected_out, 0.0), atol=2e-5, rtol=0)
     for name, grad, expected in zip("qkv", grads, expected_grads):
@@ -55,3 +56,20 @@ def test_splash_refuses_sinks_and_ragged_lengths_with_the_setting_to_change():
     with pytest.raises(ValueError, match="multiple of 128"):
         attend_rows(short, short, short, segments[:, :200], None, window=None, num_sinks=0, causal=True,
                     implementation="splash")
+
+
+@pytest.mark.parametrize(("platform", "kind", "marker"), [("tpu", "TPU v5 lite", "tpu_custom_call"),
+                                                          ("gpu", "NVIDIA H200", "__gpu$xla.gpu.triton")])
+def test_auto_attends_packed_rows_with_the_platforms_kernel(platform, kind, marker):
+    """On an abstract TPU / GPU target, ``auto`` over rows with segment ids lowers to splash / the
+    Triton flash kernels, not to a [T, T] mask."""
+    from jax.sharding import AbstractDevice, AbstractMesh, use_abstract_mesh
+
+    device = AbstractDevice(device_kind=kind, num_cores=1, platform=platform)
+    q = jax.ShapeDtypeStruct((1, 256, 2, 64), jnp.bfloat16)
+    rows = jax.ShapeDtypeStruct((1, 256), jnp.int32)
+    attend = lambda q, k, v, s, p: attend_rows(q, k, v, s, p, window=None, num_sinks=0, causal=True)
+    with use_abstract_mesh(AbstractMesh((1,), ("x",), abstract_device=device)):
+        text = jax.jit(attend).trace(q, q, q, rows, rows).lower(
+            lowering_platforms=("tpu" if platform == "tpu" else "cuda",)).as_text()
+    assert marker in text and "256x256" not in text
