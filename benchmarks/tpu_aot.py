@@ -66,7 +66,8 @@ def run_case(arch: str, size: str, topology: str, timeout: float) -> dict:
         return {**row, "error": f"compile did not finish in {timeout:.0f} s"}
     if result.returncode != 0:
         lines = [line for line in result.stderr.splitlines() if line.strip() and not line.startswith(("W", "I0"))]
-        return {**row, "error": "\n".join(lines[-6:])}
+        causes = [line for line in lines if "Check failed" in line or "Error" in line]  # the compiler's reason
+        return {**row, "error": "\n".join((lines[-6:] + causes[-1:]) if causes else lines[-6:])}
     report = json.loads(out.read_text())
     out.unlink()
     return {**row, **report}
