@@ -9,8 +9,10 @@ in (0, 1)) and ``log_decay_t <= 0``::
     o_t = scale * S_t^T q_t                      scale defaults to K ** -0.5
 
 Implementations: ``reference`` (token-by-token scan), ``xla`` (chunked WY / UT-transform form in
-pure JAX, see ``xla.py``), ``pallas`` (Triton kernels, forward and backward, see ``triton.py``);
-``auto`` is ``pallas`` on GPU and ``xla`` elsewhere (there is no TPU kernel for this op yet).
+pure JAX, see ``xla.py``), ``pallas`` (the target platform's kernels: ``pallas_triton``, Triton
+kernels forward and backward, see ``triton.py``; ``pallas_tpu``, the chunk sweep as a Mosaic kernel
+with the UT transform in XLA and the backward by autodiff of ``xla.py``, see ``tpu.py``); ``auto``
+is ``pallas`` on GPU and TPU and ``xla`` on CPU.
 Keys are usually L2-normalised and ``beta`` in (0, 1): that keeps ``S`` bounded.
 """
 
@@ -21,6 +23,7 @@ from jax.sharding import PartitionSpec
 
 from pallas_kernels import _common
 from pallas_kernels.gated_delta_rule.reference import gated_delta_rule_reference
+from pallas_kernels.gated_delta_rule.tpu import gated_delta_rule_tpu
 from pallas_kernels.gated_delta_rule.triton import gated_delta_rule_pallas
 from pallas_kernels.gated_delta_rule.xla import gated_delta_rule_xla
 
@@ -70,7 +73,7 @@ def _leading_specs(partition_spec):
     return entries[0], entries[2]
 
 
-KERNELS = ("pallas_triton",)  # Pallas families of this op (``_common.resolve_impl``)
+KERNELS = ("pallas_triton", "pallas_tpu")  # Pallas families of this op (``_common.resolve_impl``)
 
 
 def _resolve(impl: str) -> str:
@@ -136,6 +139,8 @@ def _implementation(impl, scale, chunk_size):
             return gated_delta_rule_reference(q, k, v, beta, log_decay, **common)
         if impl == "xla":
             return gated_delta_rule_xla(q, k, v, beta, log_decay, chunk_size=chunk_size, **common)
+        if impl == "pallas_tpu":
+            return gated_delta_rule_tpu(q, k, v, beta, log_decay, chunk_size=chunk_size, **common)
         return gated_delta_rule_pallas(
             q, k, v, beta, log_decay, chunk_size=chunk_size,
             interpret=_common.interpret_mode(), **common,

@@ -16,10 +16,12 @@ when the mask is plain causal/local, XLA otherwise) or, on TPU, splash attention
 
 Training rows go through ``attend_rows``, which picks by ``implementation`` (``model.attention.
 implementation``): ``splash`` (TPU kernel, segment ids, never a [T, T] matrix; Pallas interpret mode
-off TPU), ``cudnn`` (cuDNN's fused kernel: only for rows without segment ids or sinks, which it has
-no mask for; else XLA), ``xla`` (the explicit boolean mask above and XLA's softmax: materialises
-``[B, H, T, T]`` scores) and ``auto``: ``splash`` on TPU where it computes the rule (no sinks, T a
-multiple of 128), else jax's own choice (cuDNN on GPU for unmasked causal rows), else ``xla``.
+off TPU), ``flash`` (``pallas_kernels.flash_attention``: Triton kernels with segment ids, forward
+and backward, for GPU; interpret mode on CPU), ``cudnn`` (cuDNN's fused kernel: only for rows
+without segment ids or sinks, which it has no mask for; else XLA), ``xla`` (the explicit boolean
+mask above and XLA's softmax: materialises ``[B, H, T, T]`` scores) and ``auto``: on TPU ``splash``
+and on GPU cuDNN for rows without segment ids, else ``flash``, wherever they compute the rule (no
+sinks; splash: T a multiple of 128), else ``xla``; on CPU ``xla``.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels._common import target_platform
+from pallas_kernels.flash_attention import flash_attention
 from seqmodels.layers import splash
 
 
@@ -50,7 +53,7 @@ def attend(q, k, v, mask=None, *, causal_window: int | None = None, implementati
     ``mask=None`` means plain causal attention over aligned q/k (optionally ``causal_window``-local),
     which lets cuDNN run; otherwise ``mask`` is a boolean ``[B, 1, T, S]``.
     """
-    impl = None if implementation in ("auto", "splash") else implementation
+    impl = None if implementation in ("auto", "splash", "flash") else implementation
     if mask is None:
         local = None if causal_window is None else (causal_window - 1, 0)
         return jax.nn.dot_product_attention(q, k, v, is_causal=True, local_window_size=local,
@@ -68,13 +71,20 @@ def attend_rows(q, k, v, segment_ids, positions, *, window: int | None, num_sink
     platform = target_platform()
     use_splash = implementation == "splash" or (
         implementation == "auto" and platform == "tpu" and splash.supports(length, num_sinks))
+    use_flash = implementation == "flash" or (
+        implementation == "auto" and platform == "gpu" and segment_ids is not None and not num_sinks)
+    if (use_splash or use_flash) and num_sinks:
+        raise ValueError(f"{implementation} attention has no per-document sink tokens (swa.num_sinks > 0); use "
+                         "model.attention.implementation=auto or xla")
     if use_splash:
-        if num_sinks:
-            raise ValueError("splash attention has no per-document sink tokens (swa.num_sinks > 0); use "
-                             "model.attention.implementation=auto or xla")
         segments = jnp.ones((batch, length), jnp.int32) if segment_ids is None else segment_ids
         return splash.splash_attention(q, k, v, segments, window=window, causal=causal,
                                        interpret=platform != "tpu")
+    if use_flash:
+        segments = jnp.ones((batch, length), jnp.int32) if segment_ids is None else segment_ids
+        repeat = q.shape[2] // k.shape[2]
+        k, v = (jnp.repeat(x, repeat, axis=2) if repeat > 1 else x for x in (k, v))
+        return flash_attention(q, k, v, segments, causal=causal, window=window, impl="pallas_triton")
     if segment_ids is None and num_sinks == 0 and causal:
         return attend(q, k, v, causal_window=window, implementation=implementation)
     segments = jnp.ones((batch, length), jnp.int32) if segment_ids is None else segment_ids

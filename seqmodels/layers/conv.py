@@ -11,6 +11,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
 from seqmodels.layers.common import constant_param, param
 
@@ -45,7 +46,9 @@ class ShortConv(nnx.Module):
                 shifted = shifted * same[..., None].astype(x.dtype)
             y = y + weight[lag] * shifted
         new_cache = x_full[:, x_full.shape[1] - history:] if cache is not None else None
-        return y, new_cache
+        # Named so that remat policies keep it (seqmodels.models.lm.REMAT_POLICIES): recomputing this
+        # pad-and-slice inside a rematerialised backward aborts XLA's TPU compiler.
+        return checkpoint_name(y, "short_conv"), new_cache
 
     def init_cache(self, batch_size: int, channels: int, dtype=jnp.float32):
         return jnp.zeros((batch_size, self.kernel_size - 1, channels), dtype)

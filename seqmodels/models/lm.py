@@ -26,10 +26,16 @@ from seqmodels.mixers import build_mixer, check_mixer_names, mixer_flops_per_tok
 from seqmodels.models.stack import Group, repeat_period, scan_group, slice_group, stack_groups, unstack_sown
 from seqmodels.sharding import constrain
 
+# Every policy keeps the short convolutions' outputs ("short_conv", [B, T, C] per convolution): XLA's
+# TPU compiler aborts on their pad-and-slice recomputed inside a rematerialised backward ("TransformWindow:
+# split of a padded window dim is not supported", Gated DeltaNet at d_model 1024, T 4096, remat full), and
+# they are cheap to keep beside what each layer already saves. "full" recomputes everything else.
 REMAT_POLICIES = {
-    "full": None,
-    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-    "names": jax.checkpoint_policies.save_only_these_names("query", "key", "value", "mixer_out"),
+    "full": jax.checkpoint_policies.save_only_these_names("short_conv"),
+    "dots": jax.checkpoint_policies.save_from_both_policies(
+        jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+        jax.checkpoint_policies.save_only_these_names("short_conv")),
+    "names": jax.checkpoint_policies.save_only_these_names("query", "key", "value", "mixer_out", "short_conv"),
 }
 
 

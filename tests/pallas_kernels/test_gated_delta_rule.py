@@ -25,7 +25,7 @@ from pallas_kernels import gated_delta_rule
 from pallas_kernels.gated_delta_rule.triton import gated_delta_rule_pallas
 
 F32_TOL = 1e-5
-BF16_TOL = {"xla": 1e-2, "pallas": 3e-2}
+BF16_TOL = {"xla": 1e-2, "pallas": 3e-2, "pallas_tpu": 1e-2}  # pallas_tpu: float32 sweep, as xla
 
 
 def make_inputs(shape, dtype, *, decay=True, initial=True, seed=0):
@@ -143,6 +143,37 @@ def test_xla_matches_reference_bfloat16(shape, chunk_size):
 )
 def test_pallas_matches_reference(shape, chunk_size, dtype, decay, initial):
     assert_matches_reference("pallas", shape, dtype, chunk_size, decay=decay, initial=initial)
+
+
+@pytest.mark.parametrize(
+    "shape, chunk_size, dtype, decay, initial",
+    [
+        (*RAGGED, jnp.float32, True, True),
+        (*SINGLE_TOKEN, jnp.float32, False, False),
+        (*CHUNK_64, jnp.float32, True, False),
+        (*MANY_CHUNKS, jnp.float32, True, True),
+        (*CHUNK_32, jnp.bfloat16, True, True),
+    ],
+)
+def test_tpu_kernel_matches_reference_in_interpret_mode(shape, chunk_size, dtype, decay, initial):
+    assert_matches_reference("pallas_tpu", shape, dtype, chunk_size, decay=decay, initial=initial)
+
+
+def test_tpu_sweep_lowers_to_mosaic_without_a_tpu():
+    """With an abstract TPU as the target, ``auto`` picks the Mosaic sweep (forward; the backward is
+    autodiff of xla.py) and Pallas's Mosaic lowering of it runs on CPU without libtpu."""
+    from jax.sharding import AbstractDevice, AbstractMesh, use_abstract_mesh
+
+    def loss(q, k, v, beta, log_decay):
+        return jnp.sum(gated_delta_rule(q, k, v, beta, log_decay, impl="auto")[0].astype(jnp.float32) ** 2)
+
+    device = AbstractDevice(device_kind="TPU v5 lite", num_cores=1, platform="tpu")
+    sequence = jax.ShapeDtypeStruct((2, 256, 4, 128), jnp.bfloat16)
+    gate = jax.ShapeDtypeStruct((2, 256, 4), jnp.float32)
+    with use_abstract_mesh(AbstractMesh((1,), ("x",), abstract_device=device)):
+        traced = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3, 4))).trace(sequence, sequence, sequence, gate, gate)
+        text = traced.lower(lowering_platforms=("tpu",)).as_text()
+    assert text.count("tpu_custom_call") == 1
 
 
 @pytest.mark.parametrize("impl", ["xla", "pallas"])

@@ -112,3 +112,22 @@ def test_unknown_mixer_and_bad_generate_arguments_are_reported():
         generate(model, jnp.zeros((1, 60), jnp.int32), 10)
     with pytest.raises(ValueError, match="prompt must be an integer array"):
         generate(model, jnp.zeros((1, 4)), 2)
+
+
+@pytest.mark.parametrize("policy", ["full", "dots", "names"])
+def test_every_remat_policy_keeps_the_short_convolution_outputs(policy):
+    """Recomputing the short convolution's pad-and-slice under remat aborts XLA's TPU compiler, so every
+    policy saves the values named ``short_conv`` (and ``full`` nothing else of this function)."""
+    from jax._src.ad_checkpoint import saved_residuals  # the public module exports only print_saved_residuals
+    from jax.ad_checkpoint import checkpoint_name
+
+    from seqmodels.models.lm import REMAT_POLICIES
+
+    def layer(x):
+        return jnp.sum(jnp.sin(checkpoint_name(jnp.cos(x) * 2.0, "short_conv")) ** 2)
+
+    saved = saved_residuals(jax.checkpoint(layer, policy=REMAT_POLICIES[policy]), jnp.ones((4, 8)))
+    descriptions = [description for _, description in saved]
+    assert any("short_conv" in d for d in descriptions), descriptions
+    if policy == "full":
+        assert all("short_conv" in d or "argument" in d for d in descriptions), descriptions
