@@ -4,9 +4,10 @@
 A Transformer++ run (every layer ``attention``, SwiGLU MLPs, no q/k norm or convolution) becomes a
 plain ``LlamaForCausalLM`` (``Qwen2ForCausalLM`` with ``model.attention.qkv_bias``) that
 ``transformers.AutoModelForCausalLM.from_pretrained(DIR)`` loads with no remote code. Every other
-architecture (any ``model.mixers`` list, the looped model) becomes ``model_type: seqmodels`` with its
-own pure-PyTorch modules in the directory, loaded with ``trust_remote_code=True``
-(``AutoModelForCausalLM``; the looped model: ``AutoModelForSequenceClassification``). Either way:
+architecture (any ``model.mixers`` list, the looped model, AHN: the frozen base's weights with the
+compressors') becomes ``model_type: seqmodels`` with its own pure-PyTorch modules in the directory,
+loaded with ``trust_remote_code=True`` (``AutoModelForCausalLM``; the looped model:
+``AutoModelForSequenceClassification``). Either way:
 ``config.json``, ``model.safetensors`` (sharded with an index above 2 GB), ``generation_config.json``,
 and the tokenizer files when the run used ``data.tokenizer: hf:DIR``. ``--out`` must not exist or be
 empty unless ``--force``; nothing is written when the export fails.

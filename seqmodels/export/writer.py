@@ -4,14 +4,16 @@
 
 - ``config.json``: ``model_type: seqmodels``, the resolved ``model`` section (``scan_layers`` off: the
   weights are per layer; ``init_from`` empty: the weights are in the directory), ``architectures`` and ``auto_map`` (``SeqmodelsForCausalLM`` for the decoder LM,
-  ``SeqmodelsLoopedForSequenceClassification`` for ``model.kind: looped``), ``torch_dtype``;
+  ``SeqmodelsLoopedForSequenceClassification`` for ``model.kind: looped``; ``model.kind: ahn`` loads as
+  ``SeqmodelsForCausalLM`` too), ``torch_dtype``;
 - ``model.safetensors`` (shards and an index above 2 GB) in the PyTorch layouts of ``weight_map``;
 - the files of ``seqmodels/export/torch/`` (``EXPORTED_FILES``), which ``transformers`` runs with
   ``trust_remote_code=True``; ``generation_config.json``; the tokenizer files of an ``hf:`` tokenizer.
 
-A new ``model.kind`` (e.g. AHN: a compressor per layer on a Llama-shaped base) adds its entry to
-``ARCHITECTURES`` and its classes to ``torch/modeling_seqmodels.py``; the weight map needs nothing new
-while its layers are ``Dense`` / ``DenseOut`` / ``ShortConv`` / ``RMSNorm`` or plain parameters.
+A new ``model.kind`` adds its entry to ``ARCHITECTURES`` and its classes to ``torch/`` (AHN: the decoder
+LM class with ``torch/ahn_seqmodels.AHNBlock`` layers, chosen by ``model.kind``: the frozen base's weights
+and each layer's compressor ``blocks.i.ahn``); the weight map needs nothing new while its layers are
+``Dense`` / ``DenseOut`` / ``ShortConv`` / ``RMSNorm`` or plain parameters.
 
 ``read_seqmodels_params`` is the inverse (``load_pretrained`` of such a directory): the float32
 parameter dict, bitwise the exported one for a float32 export.
@@ -38,6 +40,7 @@ EXPORT_DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes
 MODEL_TYPE = "seqmodels"
 # model.kind -> (architecture class, the transformers Auto class that loads it)
 ARCHITECTURES = {"lm": ("SeqmodelsForCausalLM", "AutoModelForCausalLM"),
+                 "ahn": ("SeqmodelsForCausalLM", "AutoModelForCausalLM"),  # AHNBlock layers (torch/ahn_seqmodels)
                  "looped": ("SeqmodelsLoopedForSequenceClassification", "AutoModelForSequenceClassification")}
 LOOPED_LABELS = {0: "reject", 1: "accept"}  # logits columns of the looped head: <reject>, <accept>
 

@@ -3,7 +3,7 @@
 - ``llama``: Transformer++ (every layer ``attention``, SwiGLU, no q/k norm or convolution) as a plain
   ``LlamaForCausalLM`` (``Qwen2ForCausalLM`` with q/k/v biases) that ``transformers`` loads with no
   remote code; the layout is ``seqmodels.hf.param_map`` read backwards.
-- ``seqmodels``: every other architecture as ``model_type: seqmodels`` with its own PyTorch modules
+- ``seqmodels``: every other architecture (AHN included) as ``model_type: seqmodels`` with its own PyTorch modules
   (``seqmodels.export.writer``; loaded with ``trust_remote_code=True``).
 
 ``export_model`` writes ``config.json`` (``architectures``, ``torch_dtype``), ``model.safetensors``

@@ -92,7 +92,8 @@ def load_pretrained_params(path, config: ModelConfig) -> dict:
 
 def load_pretrained(path, *, base: ModelConfig | None = None):
     """The model of the Hugging Face directory ``path``: the ``LM`` of a ``LlamaForCausalLM`` /
-    ``Qwen2ForCausalLM``, or the ``LM`` / ``LoopedModel`` of a seqmodels export (bitwise its parameters).
+    ``Qwen2ForCausalLM``, or the ``LM`` / ``LoopedModel`` / ``AHNModel`` of a seqmodels export (bitwise its
+    parameters).
 
     ``model.config`` is the ``ModelConfig`` built from ``config.json``; ``base`` supplies the settings
     that are not the architecture (e.g. ``compute_dtype``). Raises ``HFFormatError`` naming the file and

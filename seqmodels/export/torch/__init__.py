@@ -11,4 +11,4 @@ from pathlib import Path
 PACKAGE_DIR = Path(__file__).parent
 EXPORTED_FILES = ("configuration_seqmodels.py", "modeling_seqmodels.py", "layers_seqmodels.py",
                   "attention_seqmodels.py", "recurrent_seqmodels.py", "newton_schulz_seqmodels.py",
-                  "atlas_seqmodels.py")
+                  "atlas_seqmodels.py", "ahn_seqmodels.py")

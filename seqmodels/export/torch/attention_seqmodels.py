@@ -66,6 +66,11 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: dict | None = None):
         """``x [B, T, D]`` at ``positions [T]`` -> ``(y [B, T, D], cache)``; ``cache`` is a dict updated in place."""
         q, k, v = self._project(x, positions, cache)
+        return self.out(self.attend(q, k, v, positions, cache).reshape(*x.shape[:2], -1)), cache
+
+    def attend(self, q, k, v, positions: torch.Tensor, cache: dict | None = None) -> torch.Tensor:
+        """The heads before ``out``, ``[B, T, H, Dh]`` in q's dtype, of post-RoPE ``q, k, v`` at ``positions``;
+        with ``cache``, over its keys too (then they and ``k, v`` are kept for the next call as still visible)."""
         k_positions = positions
         if cache is not None:
             if not self.causal:
@@ -81,8 +86,7 @@ class Attention(nn.Module):
         scores = torch.einsum("bthd,bshd->bhts", q.float(), k.float()) / math.sqrt(self.head_dim)
         scores = scores.masked_fill(~mask, float("-inf"))
         weights = torch.softmax(scores, dim=-1)
-        out = torch.einsum("bhts,bshd->bthd", weights, v.float()).to(x.dtype)
-        return self.out(out.reshape(*x.shape[:2], -1)), cache
+        return torch.einsum("bhts,bshd->bthd", weights, v.float()).to(q.dtype)
 
     def _still_visible(self, k_positions: torch.Tensor, newest: torch.Tensor) -> torch.Tensor:
         """Which cached keys a query after ``newest`` can still see: all (full), sinks + last window (swa)."""

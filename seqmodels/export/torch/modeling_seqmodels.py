@@ -6,6 +6,10 @@
     h_l = h_{l-1} + Mixer_l(RMSNorm(h_{l-1}));  h_l = h_l + SwiGLU(RMSNorm(h_l))   (when model.mlp)
     logits = RMSNorm(h_L) W_out^T                                                   (W_out = Embed when tied)
 
+``model.kind: ahn`` is the same causal LM with ``ahn_seqmodels.AHNBlock`` layers: the frozen base's
+attention over sinks + a sliding window, plus a compressor of the tokens that left it (decoding in
+bounded memory).
+
 ``SeqmodelsLoopedForSequenceClassification`` is the looped padded transformer (``model.kind: looped``):
 ``[BOS] w [CLS]`` -> ``[BOS] w [PAD] x P(N) [CLS]``, prelude, one shared block ``loops(N)`` times
 (re-injecting the prelude output), coda, and the read-out at [CLS]; its ``logits`` are
@@ -34,6 +38,7 @@ from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast, SequenceClassifierOutput
 
+from .ahn_seqmodels import AHNBlock
 from .atlas_seqmodels import ATLAS_MIXERS
 from .attention_seqmodels import Attention
 from .configuration_seqmodels import SeqmodelsConfig
@@ -74,6 +79,18 @@ class Block(nn.Module):
         return x, cache
 
 
+# model.kind -> the block of layer i, given its mixer name and the model section
+BLOCKS = {"lm": lambda mixer_name, model: Block(mixer_name, model),
+          "ahn": lambda mixer_name, model: AHNBlock(model)}
+
+
+def build_block(mixer_name: str, model: dict) -> nn.Module:
+    kind = model.get("kind", "lm")
+    if kind not in BLOCKS:
+        raise ValueError(f"model.kind {kind!r} has no PyTorch decoder blocks; exported kinds: {', '.join(BLOCKS)}")
+    return BLOCKS[kind](mixer_name, model)
+
+
 class SeqmodelsCache:
     """Decoding state of every layer (``layers[i]``: the mixer's dict) and the tokens seen so far."""
 
@@ -108,7 +125,7 @@ class SeqmodelsModel(SeqmodelsPreTrainedModel):
         super().__init__(config)
         model = config.model
         self.embed = nn.Embedding(model["vocab_size"], model["d_model"])
-        self.blocks = nn.ModuleList([Block(name, model) for name in model["mixers"]])
+        self.blocks = nn.ModuleList([build_block(name, model) for name in model["mixers"]])
         self.final_norm = RMSNorm(model["d_model"], model["norm_eps"])
         self.post_init()
 

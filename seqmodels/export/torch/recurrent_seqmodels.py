@@ -48,6 +48,29 @@ def _state(cache: dict | None, name: str, shape, device) -> torch.Tensor:
     return torch.zeros(shape, dtype=torch.float32, device=device)
 
 
+def delta_rule_scan(q, k, v, beta, log_decay, state):
+    """``(o [B, T, H, V], final state)``: per token ``S = e^g S; S += k (beta (v - S^T k))^T; o = K^-1/2 S^T q``
+    (``q, k [B, T, H, K]``, ``v [B, T, H, V]``, ``beta, log_decay [B, T, H]``, ``state [B, H, K, V]`` float32)."""
+    scale, outputs = q.shape[-1] ** -0.5, []
+    for t in range(q.shape[1]):
+        state = torch.exp(log_decay[:, t])[..., None, None] * state
+        predicted = torch.einsum("bhk,bhkv->bhv", k[:, t], state)
+        update = beta[:, t, :, None] * (v[:, t] - predicted)
+        state = state + k[:, t, :, :, None] * update[:, :, None, :]
+        outputs.append(scale * torch.einsum("bhk,bhkv->bhv", q[:, t], state))
+    return torch.stack(outputs, dim=1), state
+
+
+def gated_linear_scan(q, k, v, log_decay, state):
+    """``(o [B, T, H, V], final state)``: per token ``S = e^g S + k v^T; o = K^-1/2 S^T q`` (shapes as
+    ``delta_rule_scan``)."""
+    scale, outputs = q.shape[-1] ** -0.5, []
+    for t in range(q.shape[1]):
+        state = torch.exp(log_decay[:, t])[..., None, None] * state + k[:, t, :, :, None] * v[:, t, :, None, :]
+        outputs.append(scale * torch.einsum("bhk,bhkv->bhv", q[:, t], state))
+    return torch.stack(outputs, dim=1), state
+
+
 class _Momentum:
     """MuonSSM settings and the conditioned-injection scale shared by the backbones."""
 
@@ -107,18 +130,12 @@ class DeltaNet(nn.Module):
         return self.out(o.reshape(batch, length, -1)), cache
 
     def recurrence(self, q, k, v, beta, log_decay, cache):
-        """``o [B, T, H, V]``: ``S = e^g S; S += k (beta (v - S^T k))^T; o = K^-1/2 S^T q`` per token."""
+        """``o [B, T, H, V]`` of ``delta_rule_scan`` from the cached state."""
         state = _state(cache, "state", (q.shape[0], self.heads, self.key_dim, self.value_dim), q.device)
-        scale, outputs = self.key_dim ** -0.5, []
-        for t in range(q.shape[1]):
-            state = torch.exp(log_decay[:, t])[..., None, None] * state
-            predicted = torch.einsum("bhk,bhkv->bhv", k[:, t], state)
-            update = beta[:, t, :, None] * (v[:, t] - predicted)
-            state = state + k[:, t, :, :, None] * update[:, :, None, :]
-            outputs.append(scale * torch.einsum("bhk,bhkv->bhv", q[:, t], state))
+        o, state = delta_rule_scan(q, k, v, beta, log_decay, state)
         if cache is not None:
             cache["state"] = state
-        return torch.stack(outputs, dim=1)
+        return o
 
 
 class MuonSSMGatedDeltaNet(_Momentum, DeltaNet):

@@ -17,43 +17,53 @@ import numpy as np
 from flax import nnx
 
 ROOT = Path(__file__).resolve().parents[3]
-ALL_CONFIGS = sorted((ROOT / "configs").glob("*.yaml")) + sorted((ROOT / "configs" / "ablations").glob("*.yaml"))
+CONFIGS = sorted((ROOT / "configs").glob("*.yaml")) + sorted((ROOT / "configs" / "ablations").glob("*.yaml"))
+BASE_CONFIG = ROOT / "configs" / "atlas.yaml"  # the model the hand-made variants start from (its settings)
 VOCAB, LENGTH, PROMPT, NEW_TOKENS = 97, 24, 8, 16
 LOGIT_TOLERANCE = 1e-4  # float32, max abs over [B, T, vocab]; the logits are O(1) (asserted > 1)
+CAUSAL_KINDS = ("lm", "ahn")  # the kinds measured by measure_lm (the looped model has its own test)
+AHN_READOUT_SCALE = 0.5  # std of the AHN read-out maps in the parity models
 
 
 def config_name(path: Path) -> str:
     return str(path.relative_to(ROOT / "configs").with_suffix(""))
 
 
-def config_kind(path: Path) -> str:
-    """``model.kind`` as the YAML writes it (read without building the config: an AHN config names its base)."""
-    from seqmodels.config_io import read_yaml
-    return (read_yaml(path).get("model") or {}).get("kind", "lm")
-
-
-# AHN configs name a real base (SmolLM2): their parity is measured on tiny random bases instead.
-CONFIGS = [path for path in ALL_CONFIGS if config_kind(path) != "ahn"]
-
-
 def tiny_config(path: Path):
-    """The config's model at d_model 64, 2 layers, vocabulary 97; sliding windows shrunk to 8 + 2 sinks so
-    that 24 tokens (and 16 generated) cross them."""
-    from seqmodels.config_io import load_config
-    model = load_config(path).model
+    """The config's model section at d_model 64, 2 layers, vocabulary 97; sliding windows (and AHN's window)
+    shrunk to 8 + 2 sinks so that 24 tokens (and 16 generated) cross them; AHN's base with grouped-query
+    heads (4 over 2). Only the model section is read (an AHN config's tokenizer names its base's directory)."""
+    from seqmodels.config_io import model_config_from_dict, read_yaml
+    model = model_config_from_dict(read_yaml(path).get("model", {}))
     swa = dataclasses.replace(model.swa, window=min(model.swa.window, 8), num_sinks=min(model.swa.num_sinks, 2))
+    changes = {}
+    if model.kind == "ahn":
+        changes = dict(ahn=dataclasses.replace(model.ahn, window=8, sinks=2, chunk_size=16), num_heads=4,
+                       attention=dataclasses.replace(model.attention, num_kv_heads=2))
     return dataclasses.replace(model, vocab_size=VOCAB, d_model=64, mixers=model.mixers[:2], max_seq_len=128,
-                               scan_layers=False, swa=swa)
+                               scan_layers=False, swa=swa, **changes)
 
 
 def random_params(config, seed: int = 0, noise: float = 0.05) -> dict:
-    """The model's initial parameters with every entry perturbed (norm scales, biases and skips too)."""
+    """The model's initial parameters with every entry perturbed (norm scales, biases and skips too); AHN's
+    read-out maps (zero at initialisation, so the compressors add nothing) drawn at ``AHN_READOUT_SCALE``."""
     from seqmodels.models import build_model
     params = nnx.to_pure_dict(nnx.state(build_model(config, seed=seed), nnx.Param))
     leaves, tree = jax.tree.flatten(params)
     keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
-    return jax.tree.unflatten(tree, [leaf + noise * jax.random.normal(key, leaf.shape)
-                                     for leaf, key in zip(leaves, keys)])
+    params = jax.tree.unflatten(tree, [leaf + noise * jax.random.normal(key, leaf.shape)
+                                       for leaf, key in zip(leaves, keys)])
+    if config.kind == "ahn":
+        keys = jax.random.split(jax.random.key(seed + 2), len(params["blocks"]))
+        for key, block in zip(keys, params["blocks"].values()):
+            block["ahn"]["readout"] = AHN_READOUT_SCALE * jax.random.normal(key, block["ahn"]["readout"].shape)
+    return params
+
+
+def without_compressors(params: dict) -> dict:
+    """AHN ``params`` with every read-out map zero: the student reduces to sliding window + sinks."""
+    return {**params, "blocks": {i: {**block, "ahn": {**block["ahn"], "readout": 0 * block["ahn"]["readout"]}}
+                                 for i, block in params["blocks"].items()}}
 
 
 def jax_model(config, params):
@@ -106,15 +116,23 @@ def measure_lm(config, params, directory) -> dict:
     model = jax_model(config, params)
     logits = np.asarray(jax_logits(model, jnp.asarray(tokens)))
     jax_tokens = np.asarray(generate(model, tokens[:, :PROMPT], NEW_TOKENS)[0])
-    return {"architecture": type(torch_model).__name__, "max_abs": float(np.abs(torch_logits - logits).max()),
-            "cached_max_abs": float(np.abs(cached - logits).max()), "logit_scale": float(np.abs(logits).max()),
-            "greedy_equal": bool(np.array_equal(torch_tokens, jax_tokens)), "torch_tokens": torch_tokens,
-            "jax_tokens": jax_tokens}
+    result = {"architecture": type(torch_model).__name__, "max_abs": float(np.abs(torch_logits - logits).max()),
+              "cached_max_abs": float(np.abs(cached - logits).max()), "logit_scale": float(np.abs(logits).max()),
+              "greedy_equal": bool(np.array_equal(torch_tokens, jax_tokens)), "torch_tokens": torch_tokens,
+              "jax_tokens": jax_tokens}
+    if config.kind == "ahn":  # how much the compressors move the logits (beyond the window only, by construction)
+        window_only = np.asarray(jax_logits(jax_model(config, without_compressors(params)), jnp.asarray(tokens)))
+        result["compressor_effect"] = float(np.abs(logits - window_only).max())
+    return result
 
 
 def parity_row(name: str, config, result: dict) -> str:
-    """One markdown row of the parity table."""
-    return (f"| {name} | {', '.join(config.mixers)} | {result['architecture']} | {result['max_abs']:.2e} | "
+    """One markdown row of the parity table (an AHN model's mixers name its compressor and window)."""
+    mixers = ", ".join(config.mixers)
+    if config.kind == "ahn":
+        mixers += (f" + {config.ahn.compressor} compressor (window {config.ahn.window}, {config.ahn.sinks} sinks; "
+                   f"moves the logits by {result['compressor_effect']:.2f})")
+    return (f"| {name} | {mixers} | {result['architecture']} | {result['max_abs']:.2e} | "
             f"{result['cached_max_abs']:.2e} | {result['logit_scale']:.2f} | {result['greedy_equal']} |")
 
 
@@ -123,9 +141,9 @@ def main() -> int:
           "16 greedy tokens equal |")
     print("|---|---|---|---|---|---|---|")
     for path in CONFIGS[int(sys.argv[1]) if len(sys.argv) > 1 else 0:]:
-        if config_kind(path) != "lm":
-            continue
         config = tiny_config(path)
+        if config.kind not in CAUSAL_KINDS:
+            continue
         with tempfile.TemporaryDirectory() as directory:
             result = measure_lm(config, random_params(config), Path(directory) / "hf")
         print(parity_row(config_name(path), config, result), flush=True)

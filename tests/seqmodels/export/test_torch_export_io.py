@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 from conftest import tiny_overrides, write_corpus
-from export_parity import CONFIGS, load_torch, random_params, tiny_config
+from export_parity import BASE_CONFIG, CONFIGS, load_torch, random_params, tiny_config
 
 import export as export_entry
 from seqmodels.config import Config, DataConfig, ModelConfig
@@ -19,7 +19,7 @@ from seqmodels.hf import load_pretrained
 from seqmodels.hf.export import export_model
 from seqmodels.hf.safetensors_io import SafetensorsCheckpoint
 
-HYBRID = dataclasses.replace(tiny_config(CONFIGS[0]), mixers=("swa", "gated_deltanet"), tie_embeddings=False)
+HYBRID = dataclasses.replace(tiny_config(BASE_CONFIG), mixers=("swa", "gated_deltanet"), tie_embeddings=False)
 
 
 def _config_of(stem: str) -> ModelConfig:
@@ -83,11 +83,42 @@ def test_the_sliding_window_cache_keeps_only_the_sinks_and_the_window(tmp_path):
     assert output.cache.seen == 40
 
 
+def _tensor_bytes(tree) -> int:
+    import torch
+    if isinstance(tree, torch.Tensor):
+        return tree.numel() * tree.element_size()
+    return sum(_tensor_bytes(value) for value in tree.values()) if isinstance(tree, dict) else 0
+
+
+def test_the_ahn_cache_keeps_sinks_ring_and_state_and_does_not_grow(tmp_path):
+    """Decoding an AHN export token by token: the attention keeps the sinks and the last ``window - sinks``
+    positions, the compressor the non-sink tokens among them (those still to leave), and the cache's bytes
+    stay the same from one window on."""
+    import torch
+    config = _config_of("ahn_gated_deltanet")
+    model, info = load_torch(export_model(config, random_params(config), tmp_path / "hf"), output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    window, sinks = config.ahn.window, config.ahn.sinks
+    ring, sizes = window - sinks, {}
+    tokens = torch.as_tensor(np.random.default_rng(0).integers(0, config.vocab_size, size=(1, 40)))
+    with torch.no_grad():
+        output = model(tokens[:, :1], use_cache=True)
+        for t in range(1, 40):
+            output = model(tokens[:, t:t + 1], cache=output.cache, use_cache=True)
+            layer = output.cache.layers[0]
+            recent = list(range(max(sinks, t + 1 - ring), t + 1))
+            assert layer["attention"]["positions"].tolist() == list(range(min(sinks, t + 1))) + recent
+            assert layer["compressor"]["pending"]["positions"].tolist() == recent
+            sizes[t] = _tensor_bytes(output.cache.layers[0]) * len(output.cache.layers)
+    assert len({sizes[t] for t in range(window, 40)}) == 1, sizes
+
+
 @pytest.mark.parametrize("config", [
     pytest.param(dataclasses.replace(_config_of("atlas_mag"), tie_embeddings=False), id="atlas_mag_untied"),
     pytest.param(dataclasses.replace(_config_of("muonssm_longhorn"), mixers=("muonssm_longhorn", "mamba2", "atlas")),
                  id="muonssm_longhorn_mamba2_atlas"),
     pytest.param(dataclasses.replace(_config_of("looped_cfl"), vocab_size=26), id="looped"),
+    *[pytest.param(_config_of(f"ahn_{name}"), id=f"ahn_{name}") for name in ("gated_deltanet", "deltanet", "mamba2")],
 ])
 def test_export_then_load_pretrained_is_bitwise(tmp_path, config):
     params = random_params(config)

@@ -1,7 +1,8 @@
 """Every config exports to PyTorch: float32 logits within 1e-4 (max abs) of JAX and 16 greedy tokens equal.
 
 Tiny random models (``export_parity.tiny_config``: d_model 64, 2 layers) of every ``configs/*.yaml``
-and ``configs/ablations/*.yaml``, plus a hybrid list through the seqmodels attention (GQA, q/k norm,
+and ``configs/ablations/*.yaml`` (the AHN configs: the student at window 8 + 2 sinks on 24 tokens, read-out
+maps non-zero, so each compressor contributes), plus a hybrid list through the seqmodels attention (GQA, q/k norm,
 convolution, biases, untied head), and the looped model's accept / reject on 64 strings.
 """
 
@@ -9,13 +10,13 @@ import dataclasses
 
 import numpy as np
 import pytest
-from export_parity import (CONFIGS, LOGIT_TOLERANCE, config_kind, config_name, jax_logits, jax_model, load_torch,
-                           measure_lm, parity_row, random_params, tiny_config)
+from export_parity import (BASE_CONFIG, CAUSAL_KINDS, CONFIGS, LOGIT_TOLERANCE, config_name, jax_logits, jax_model,
+                           load_torch, measure_lm, parity_row, random_params, tiny_config)
 
 from seqmodels.config import AttentionConfig
 
 FAST = {"swa", "deltanet", "mamba2", "longhorn"}  # under ~20 s here; the others are marked slow
-LM_CONFIGS = [path for path in CONFIGS if config_kind(path) == "lm"]
+LM_CONFIGS = [path for path in CONFIGS if tiny_config(path).kind in CAUSAL_KINDS]  # the AHN configs too
 
 
 def _case(path):
@@ -28,18 +29,21 @@ def test_export_matches_jax_logits_and_greedy_tokens(tmp_path, path):
     config = tiny_config(path)
     result = measure_lm(config, random_params(config), tmp_path / "hf")
     print(parity_row(config_name(path), config, result))  # the README's table row (pytest -rP shows it)
-    expected = "LlamaForCausalLM" if set(config.mixers) == {"attention"} else "SeqmodelsForCausalLM"
+    plain_llama = config.kind == "lm" and set(config.mixers) == {"attention"}
+    expected = "LlamaForCausalLM" if plain_llama else "SeqmodelsForCausalLM"
     assert result["architecture"] == expected
     assert result["logit_scale"] > 1.0  # the tolerance is absolute on O(1) logits
     assert result["max_abs"] < LOGIT_TOLERANCE, result["max_abs"]
     assert result["cached_max_abs"] < LOGIT_TOLERANCE, result["cached_max_abs"]  # the decoding cache's recurrent form
     np.testing.assert_array_equal(result["torch_tokens"], result["jax_tokens"])
+    if config.kind == "ahn":  # 24 tokens through a window of 8: the compressors' read-out is in the logits
+        assert result["compressor_effect"] > 1e-2, result["compressor_effect"]
 
 
 @pytest.mark.slow
 def test_a_hybrid_list_through_the_seqmodels_attention_matches_jax(tmp_path):
     """``[swa, mamba2, attention]`` with grouped-query heads, q/k norm, a short convolution, q/k/v biases."""
-    base = tiny_config(CONFIGS[0])
+    base = tiny_config(BASE_CONFIG)
     config = dataclasses.replace(
         base, mixers=("swa", "mamba2", "attention"), num_heads=4, tie_embeddings=False,
         attention=AttentionConfig(num_kv_heads=2, qk_norm=True, conv_kernel=3, qkv_bias=True, rope_theta=500.0))
@@ -75,7 +79,7 @@ def test_mixer_settings_the_configs_leave_at_defaults_match_jax(tmp_path, varian
 
     (With chunk_size 5 the last setting is ill-conditioned: JAX's own chunked and reference forms then
     differ by 2e-3, so no export could match within 1e-4; at 16 they agree to 1e-5.)"""
-    base = tiny_config(CONFIGS[0])
+    base = tiny_config(BASE_CONFIG)
     changes = dict(SETTING_VARIANTS[variant])
     sections = {name: dataclasses.replace(getattr(base, name), **changes.pop(name))
                 for name in ("muonssm", "mamba2", "deltanet", "atlas") if name in changes}

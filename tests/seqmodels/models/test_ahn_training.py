@@ -85,7 +85,7 @@ def test_train_steps_update_only_compressors_and_leave_every_base_parameter_bitw
 
 
 @pytest.mark.slow
-def test_train_distils_an_ahn_model_from_a_base_directory_and_resumes(tmp_path, tiny_corpus):
+def test_train_distils_an_ahn_model_from_a_base_directory_resumes_and_exports(tmp_path, tiny_corpus):
     from seqmodels.config_io import load_config
     from seqmodels.evaluation.loading import load_run
     from seqmodels.models.ahn_base import resolve_ahn_base
@@ -119,6 +119,31 @@ def test_train_distils_an_ahn_model_from_a_base_directory_and_resumes(tmp_path, 
     assert "| 160 |" in out.with_name("eval_ahn.md").read_text()
     assert eval_entry.main(["--run", str(tmp_path / "run"), "--suites", "ahn", "--ahn-window", "200",
                             "--out", str(tmp_path / "bad.json")]) == 2  # 2 x 200 > model.max_seq_len
+    _exports_to_pytorch(tmp_path / "run", tmp_path / "hf")
+
+
+def _exports_to_pytorch(run, out):
+    """``export.py`` on the trained run: ``model_type: seqmodels`` with the base's and the compressors' weights,
+    read back bitwise, and its PyTorch logits beyond the window equal to the JAX student's."""
+    import torch
+
+    import export as export_entry
+    from seqmodels.evaluation.loading import load_run
+    from seqmodels.hf import load_pretrained
+    from tests.seqmodels.export.export_parity import LOGIT_TOLERANCE, load_torch
+    assert export_entry.main(["--run", str(run), "--out", str(out)]) == 0
+    hf_config = json.loads((out / "config.json").read_text())
+    assert hf_config["model_type"] == "seqmodels" and hf_config["model"]["kind"] == "ahn"
+    _, model, _ = load_run(run)
+    params = traversals.flatten_mapping(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
+    loaded = traversals.flatten_mapping(nnx.to_pure_dict(nnx.state(load_pretrained(out), nnx.Param)))
+    assert sorted(loaded) == sorted(params) and any("ahn" in path for path in params)
+    for path, leaf in params.items():
+        assert np.asarray(loaded[path]).tobytes() == np.asarray(leaf).tobytes(), path
+    row = tokens(1, 48, vocab=model.config.vocab_size)
+    with torch.no_grad():
+        torch_logits = load_torch(out)(torch.as_tensor(np.array(row))).logits.numpy()
+    assert np.abs(torch_logits - np.asarray(model(row)[0])).max() < LOGIT_TOLERANCE
 
 
 def test_an_architecture_setting_that_contradicts_the_base_is_a_config_error(tmp_path):
