@@ -26,10 +26,11 @@ Inputs (``--input``): a corpus directory of ``python -m seqmodels.data.corpora``
 from __future__ import annotations
 
 import glob
-import hashlib
 import json
 import os
 from collections.abc import Iterator, Sequence
+
+from seqmodels.data.corpus import file_sha256
 
 END_OF_TEXT = "<|endoftext|>"
 _OUTPUT_FILES = ("tokenizer.json", "tokenizer_config.json", "training.json")
@@ -67,14 +68,6 @@ def iter_texts(files: Sequence[str], text_field: str = "text") -> Iterator[str]:
                 yield handle.read()
 
 
-def _sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def train_bpe(input_spec: str, vocab_size: int, out: str, *, min_frequency: int = 2,
               text_field: str = "text") -> str:
     """Train the byte-level BPE of the module docstring on ``input_spec``; write it into ``out``; return ``out``."""
@@ -103,7 +96,7 @@ def train_bpe(input_spec: str, vocab_size: int, out: str, *, min_frequency: int 
     _write_json(os.path.join(out, "training.json"),
                 {"model": "byte-level BPE", "vocab_size": vocab_size, "trained_vocab_size": tokenizer.get_vocab_size(),
                  "min_frequency": min_frequency, "text_field": text_field, "tokenizers_version": tokenizers.__version__,
-                 "inputs": [{"path": path, "sha256": _sha256(path)} for path in files]})
+                 "inputs": [{"path": path, "sha256": file_sha256(path)} for path in files]})
     return out
 
 

@@ -302,3 +302,12 @@ def load_documents(cfg: DataConfig) -> DocumentSplit:
         return DocumentSplit(cfg.source, f"{location}; held out: {heldout_location}", documents, heldout)
     train, heldout = split_indices(documents.identities, cfg.heldout_fraction)
     return DocumentSplit(cfg.source, location, documents.subset(train), documents.subset(heldout))
+
+
+def file_sha256(path: str) -> str:
+    """The hex sha256 of the file at ``path``, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

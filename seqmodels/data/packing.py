@@ -158,3 +158,14 @@ def pad_batch(batch: dict[str, np.ndarray], batch_size: int) -> dict[str, np.nda
         raise ValueError(f"batch has {rows} rows, more than batch_size={batch_size}")
     return {key: np.concatenate([value, np.zeros((batch_size - rows, *value.shape[1:]), value.dtype)])
             for key, value in batch.items()}
+
+
+def heldout_batches(stream: grain.IterDataset, *, seq_len: int, batch_size: int, max_batches: int) -> list:
+    """The first ``max_batches`` packed batches of a held-out stream, the last one padded to ``batch_size``
+    rows (``pad_batch``), so that evaluation sees every document and a fixed batch shape."""
+    result = []
+    for batch in pack_and_batch(stream, seq_len=seq_len, batch_size=batch_size, drop_remainder=False):
+        result.append(pad_batch(batch, batch_size))
+        if len(result) == max_batches:
+            break
+    return result

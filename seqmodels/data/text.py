@@ -27,7 +27,7 @@ import numpy as np
 from seqmodels.config import DataConfig
 from seqmodels.data.corpus import (DataError, Documents, arrayrecord_corpus, load_documents, require_path,
                                    stdlib_corpus, text_files_corpus)
-from seqmodels.data.packing import pack_and_batch, pad_batch
+from seqmodels.data.packing import heldout_batches, pack_and_batch
 from seqmodels.data.sources import DataSource, no_check, register_source
 from seqmodels.data.tokenizers import ByteTokenizer, get_tokenizer
 
@@ -86,14 +86,8 @@ def text_eval_batches(cfg: DataConfig, *, batch_size: int, max_batches: int) -> 
                         f"among the {len(split.train)} of data.source={cfg.source!r}; "
                         "use a corpus with at least two documents")
     stream = grain.MapDataset.source(split.heldout).map(FrameDocument(get_tokenizer(cfg.tokenizer)))
-    batches = pack_and_batch(stream.to_iter_dataset(_READ_OPTIONS), seq_len=cfg.seq_len,
-                             batch_size=batch_size, drop_remainder=False)
-    result = []
-    for batch in batches:
-        result.append(pad_batch(batch, batch_size))
-        if len(result) == max_batches:
-            break
-    return result
+    return heldout_batches(stream.to_iter_dataset(_READ_OPTIONS), seq_len=cfg.seq_len, batch_size=batch_size,
+                           max_batches=max_batches)
 
 
 def tokenizer_vocab_size(cfg: DataConfig) -> int:

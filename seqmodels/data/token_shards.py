@@ -32,7 +32,7 @@ import numpy as np
 
 from seqmodels.config import ConfigError, DataConfig
 from seqmodels.data.corpus import DataError, split_indices
-from seqmodels.data.packing import pack_and_batch, pad_batch
+from seqmodels.data.packing import heldout_batches, pack_and_batch
 from seqmodels.data.sources import DataSource, register_source
 from seqmodels.data.tokenizers import get_tokenizer
 
@@ -208,13 +208,8 @@ def token_ids_eval(cfg: DataConfig, *, batch_size: int, max_batches: int) -> lis
         raise DataError(f"data.source='token_ids': no held-out documents "
                         f"(data.heldout_fraction={cfg.heldout_fraction})")
     stream = grain.MapDataset.source(heldout).map(FrameIds(*get_tokenizer(cfg.tokenizer).document_ids()))
-    batches = pack_and_batch(stream.to_iter_dataset(), seq_len=cfg.seq_len, batch_size=batch_size, drop_remainder=False)
-    result = []
-    for batch in batches:
-        result.append(pad_batch(batch, batch_size))
-        if len(result) == max_batches:
-            break
-    return result
+    return heldout_batches(stream.to_iter_dataset(), seq_len=cfg.seq_len, batch_size=batch_size,
+                           max_batches=max_batches)
 
 
 def _describe(cfg: DataConfig) -> str:

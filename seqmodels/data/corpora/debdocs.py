@@ -25,14 +25,13 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
-import hashlib
 import json
 import os
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 from seqmodels.data.corpora import cleaning, deb
-from seqmodels.data.corpus import heldout_scores
+from seqmodels.data.corpus import file_sha256, heldout_scores
 
 SPLITS = ("train", "validation", "test")
 MANIFEST = "manifest.json"
@@ -118,14 +117,6 @@ def _check_fractions(validation_fraction: float, test_fraction: float) -> None:
                          f"{validation_fraction} + {test_fraction}")
 
 
-def _sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def check_output_dir(out: str) -> None:
     """Refuse an output directory that already holds a corpus (nothing is overwritten)."""
     taken = [name for name in (*(f"{s}.jsonl" for s in SPLITS), MANIFEST) if os.path.exists(os.path.join(out, name))]
@@ -168,7 +159,7 @@ def write_corpus(out: str, parts: Iterable[tuple[dict, Iterable[tuple[str, str]]
     for split, path in temporary.items():
         final = os.path.join(out, f"{split}.jsonl")
         os.replace(path, final)
-        outputs[f"{split}.jsonl"] = {"sha256": _sha256(final), "bytes": os.path.getsize(final),
+        outputs[f"{split}.jsonl"] = {"sha256": file_sha256(final), "bytes": os.path.getsize(final),
                                      "documents": sum(p["documents"][split] for p in packages)}
     manifest = {"corpus": "debdocs", "packages": packages, "outputs": outputs,
                 "split": {"rule": "u = blake2b(name, digest_size=8) / 2**64; validation if u < v, test if "
@@ -191,7 +182,7 @@ def package_parts(debs_dir: str) -> Iterator[tuple[dict, Iterator[tuple[str, str
         if not files:
             raise ValueError(f"{path}: no file of this package is one the debdocs corpus reads; its layout changed")
         record = {"package": control.get("Package", name), "version": control.get("Version", "?"),
-                  "deb": os.path.basename(path), "deb_sha256": _sha256(path), "files_read": len(files)}
+                  "deb": os.path.basename(path), "deb_sha256": file_sha256(path), "files_read": len(files)}
         yield record, spec.documents(files)
 
 
