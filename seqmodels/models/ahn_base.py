@@ -12,6 +12,7 @@ the ``ahn`` subtrees as initialised.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import logging
 from pathlib import Path
 
@@ -41,12 +42,19 @@ def ensure_base(path: str) -> Path:
         raise ConfigError(f"model.ahn.base: {path} is neither a Hugging Face directory (config.json) nor a run "
                           "directory (config.yaml)")
     from seqmodels.hf.convert_gguf import convert_gguf, default_gguf_path
-    try:
-        source = default_gguf_path()
-        print(f"model.ahn.base: {path} does not exist; converting {source} into it (once)", flush=True)
-        return convert_gguf(source, directory)
-    except HFFormatError as error:
-        raise ConfigError(f"model.ahn.base: {path} does not exist and cannot be converted: {error}") from None
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    # Processes started together on a fresh machine (ablate.py --jobs, a test suite's workers) convert once:
+    # the first to hold the lock converts, the others wait for it and then find the directory.
+    with open(directory.parent / f".{directory.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (directory / "config.json").is_file():
+            return directory
+        try:
+            source = default_gguf_path()
+            print(f"model.ahn.base: {path} does not exist; converting {source} into it (once)", flush=True)
+            return convert_gguf(source, directory)
+        except HFFormatError as error:
+            raise ConfigError(f"model.ahn.base: {path} does not exist and cannot be converted: {error}") from None
 
 
 def prepare_ahn_base(config_path=None, overrides=()) -> None:

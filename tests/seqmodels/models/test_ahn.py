@@ -140,3 +140,42 @@ def test_a_run_directory_base_of_another_kind_is_refused(tmp_path):
     save_config(Config(model=ModelConfig(kind="looped")), tmp_path / "run" / "config.yaml")
     with pytest.raises(ConfigError, match=r"^model\.ahn\.base: the run .* is model\.kind='looped'"):
         base_model_config(str(tmp_path / "run"), ModelConfig())
+
+
+def test_processes_preparing_the_default_base_together_convert_it_once(tmp_path, monkeypatch):
+    """Workers started together on a fresh machine: one converts, the others wait and reuse its directory."""
+    import threading
+    import time
+
+    from seqmodels.config_ahn import DEFAULT_AHN_BASE
+    from seqmodels.hf import convert_gguf
+    from seqmodels.models import ahn_base
+
+    monkeypatch.chdir(tmp_path)
+    calls = []
+
+    def slow_convert(source, out_dir):
+        calls.append(source)
+        time.sleep(0.3)  # long enough for every other worker to arrive while this one converts
+        out_dir.mkdir(parents=True)
+        (out_dir / "config.json").write_text("{}")
+        return out_dir
+
+    monkeypatch.setattr(convert_gguf, "convert_gguf", slow_convert)
+    monkeypatch.setattr(convert_gguf, "default_gguf_path", lambda: "smollm2.gguf")
+    results, errors = [], []
+
+    def worker():
+        try:
+            results.append(ahn_base.ensure_base(DEFAULT_AHN_BASE))
+        except Exception as error:  # noqa: BLE001  (reported by the assertion below)
+            errors.append(error)
+
+    threads = [threading.Thread(target=worker) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+    assert calls == ["smollm2.gguf"]
+    assert [str(path) for path in results] == [DEFAULT_AHN_BASE] * 3
