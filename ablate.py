@@ -50,7 +50,8 @@ def run_all(specs, jobs: int, time_limit_minutes: float) -> list[dict]:
                file=sys.stdout)
     not_done = 0
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = {pool.submit(execute, spec, time_limit_minutes): spec for spec in pending}
+        futures = {pool.submit(execute, spec, time_limit_minutes if spec.variant.time_limit_minutes is None
+                               else spec.variant.time_limit_minutes): spec for spec in pending}
         for future in as_completed(futures):
             spec = futures[future]
             try:

@@ -62,6 +62,8 @@ def ablate(*args, cwd=ROOT):
     ({"budget": {"tokens": 1, "flops": 2}}, "budget: give exactly one of tokens or flops"),
     ({"eval/suites": ["perplexity", "bleu"]}, "eval.suites"),
     ({"eval/needle/length": 64}, "variant 'transformer': eval.needle: eval.needle.length=64 cannot hold"),
+    ({"variants/swa/seeds": [1, 1]}, "variant 'swa': seeds: must be a list of distinct ints"),
+    ({"variants/swa/time_limit_minutes": -1}, "variant 'swa': time_limit_minutes: must be a number >= 0"),
 ])
 def test_a_bad_sweep_file_is_refused_naming_variant_and_key(tmp_path, change, message):
     path = tiny_sweep(tmp_path, **change)
@@ -88,6 +90,16 @@ def test_budgets_give_steps_and_flops_budgets_equalise_compute(tmp_path):
     swa = sweep.variant("swa")
     assert steps["swa"] == round(flops / (3 * swa.flops_per_token * 512)) and swa.flops_per_token < \
         sweep.variant("transformer").flops_per_token and steps["swa"] > 10
+
+
+def test_a_variant_with_its_own_seeds_and_limit_keeps_them_and_the_others_the_sweeps(tmp_path):
+    from seqmodels.sweeps.runner import run_specs
+    sweep = load_sweep(tiny_sweep(tmp_path, **{"seeds": [0, 1], "variants/swa/seeds": [3],
+                                               "variants/swa/time_limit_minutes": 2}), ROOT)
+    runs = [(spec.variant.name, spec.seed) for spec in run_specs(sweep, tmp_path / "runs")]
+    assert runs == [("transformer", 0), ("transformer", 1), ("swa", 3)]
+    assert not any("seeds" in o or "time_limit" in o for o in sweep.variant("swa").overrides)
+    assert sweep.variant("swa").time_limit_minutes == 2 and sweep.variant("transformer").time_limit_minutes is None
 
 
 def test_every_sweep_file_in_configs_names_known_keys_and_existing_configs():

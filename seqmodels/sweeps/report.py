@@ -95,7 +95,10 @@ def collect(sweep, specs: list[RunSpec], command: list[str], root: Path) -> dict
         variants.append({"name": variant.name, "config": variant.config_path, "overrides": list(variant.overrides),
                          "steps": variant.steps, "tokens": variant.steps * variant.config.train.batch_size
                          * variant.config.data.seq_len, "parameters": variant.parameters,
-                         "forward_flops_per_token": variant.flops_per_token, "runs": runs, "summary": summarise(runs)})
+                         "forward_flops_per_token": variant.flops_per_token, "seeds": list(variant.seeds or sweep.seeds),
+                         "time_limit_minutes": sweep.time_limit_minutes if variant.time_limit_minutes is None
+                         else variant.time_limit_minutes,
+                         "runs": runs, "summary": summarise(runs)})
     return {"sweep": sweep.name, "file": sweep.path, **git_commit(root), "command": command, "budget": sweep.budget,
             "seeds": list(sweep.seeds), "time_limit_minutes": sweep.time_limit_minutes,
             "eval": _plain(sweep.eval), "variants": variants}
@@ -154,6 +157,10 @@ def table_markdown(results: dict) -> str:
         statuses = summary["statuses"]
         note = ", ".join(f"seed {r['seed']}: {r['status']}" for r in variant["runs"]) if set(statuses) != {"done"} \
             else "done"
+        if variant.get("seeds", results["seeds"]) != results["seeds"]:
+            note = f"seeds {variant['seeds']} (its own); {note}"
+        if variant.get("time_limit_minutes", results["time_limit_minutes"]) != results["time_limit_minutes"]:
+            note = f"time limit {variant['time_limit_minutes']:g} min (its own); {note}"
         if summary["errors"]:
             note += " — " + "; ".join(_shorten(e.replace("|", "/")) for e in summary["errors"])
         lines.append("| " + " | ".join([*row, note]) + " |")

@@ -63,7 +63,7 @@ def run_specs(sweep: Sweep, runs_root: Path, python: str = sys.executable) -> li
     specs = []
     for variant in sweep.variants:
         every = checkpoint_interval(variant.steps, sweep.eval.points)
-        for seed in sweep.seeds:
+        for seed in variant.seeds or sweep.seeds:
             run_dir = runs_root / sweep.name / variant.name / f"seed{seed}"
             train = (python, "train.py", "--config", variant.config_path, *variant.overrides,
                      f"train.run_dir={run_dir}", f"train.steps={variant.steps}", f"train.seed={seed}",

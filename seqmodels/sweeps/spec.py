@@ -8,6 +8,7 @@ A sweep file (YAML)::
     variants:                          # name -> dotted overrides (on top of `overrides`)
       transformer: {model.mixers: "[attention] * 4"}
       mamba2: {config: configs/mamba2.yaml, model.mixers: "[mamba2] * 8"}   # `config` replaces `base`
+      atlas: {config: configs/atlas.yaml, seeds: [0], time_limit_minutes: 3}   # this variant's own seeds / limit
     seeds: [0, 1]                      # train.seed = data.seed = each seed
     budget: {tokens: 1000000}          # or {flops: 3.0e13}: training FLOPs, 3 x forward (FLOPs registry)
     time_limit_minutes: 30             # per run; a run stopped by it is reported with its tokens/s (0 = none)
@@ -82,6 +83,8 @@ class Variant:
     steps: int
     flops_per_token: float
     parameters: int
+    seeds: tuple[int, ...] | None = None  # the variant's own seeds (None: the sweep's)
+    time_limit_minutes: float | None = None  # the variant's own limit per run (None: the sweep's)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -204,6 +207,9 @@ def _resolve_variant(name: str, raw, base: str, shared: dict, budget: dict, root
     where = f"variant {name!r}"
     raw = _mapping(raw, where)
     config_path = raw.pop("config", base)
+    seeds = _seeds(raw.pop("seeds"), f"{where}: seeds") if "seeds" in raw else None
+    limit = _limit(raw.pop("time_limit_minutes"), f"{where}: time_limit_minutes") if "time_limit_minutes" in raw \
+        else None
     if not isinstance(config_path, str) or not (root / config_path).is_file():
         raise SweepError(f"{where}: config: no such file {config_path!r} (relative to {root})")
     merged = {**shared, **raw}
@@ -220,7 +226,20 @@ def _resolve_variant(name: str, raw, base: str, shared: dict, budget: dict, root
     flops = flops_per_token(config.model, config.data.seq_len)
     _, abstract_state = abstract_model(config.model)
     return Variant(name, config_path, overrides, config, _steps(budget, config, flops), flops,
-                   count_params(_params(abstract_state)))
+                   count_params(_params(abstract_state)), seeds, limit)
+
+
+def _seeds(seeds, where: str) -> tuple[int, ...]:
+    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and s >= 0 for s in seeds) \
+            or len(set(seeds)) != len(seeds):
+        raise SweepError(f"{where}: must be a list of distinct ints >= 0, got {seeds!r}")
+    return tuple(seeds)
+
+
+def _limit(limit, where: str) -> float:
+    if isinstance(limit, bool) or not isinstance(limit, (int, float)) or limit < 0:
+        raise SweepError(f"{where}: must be a number >= 0 (0 = none), got {limit!r}")
+    return float(limit)
 
 
 def _params(abstract_state):
@@ -253,13 +272,8 @@ def load_sweep(path: str | os.PathLike, root: str | os.PathLike = ".") -> Sweep:
     variants_raw = _mapping(raw.get("variants"), "variants")
     if not variants_raw:
         raise SweepError("variants: name at least one variant")
-    seeds = raw.get("seeds", [0])
-    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and s >= 0 for s in seeds) \
-            or len(set(seeds)) != len(seeds):
-        raise SweepError(f"seeds: must be a list of distinct ints >= 0, got {seeds!r}")
-    limit = raw.get("time_limit_minutes", 0)
-    if not isinstance(limit, (int, float)) or limit < 0:
-        raise SweepError(f"time_limit_minutes: must be a number >= 0 (0 = none), got {limit!r}")
+    seeds = _seeds(raw.get("seeds", [0]), "seeds")
+    limit = _limit(raw.get("time_limit_minutes", 0), "time_limit_minutes")
     budget = _budget(raw.get("budget"))
     shared = _mapping(raw.get("overrides"), "overrides")
     settings = _eval_settings(raw.get("eval"))
@@ -270,4 +284,4 @@ def load_sweep(path: str | os.PathLike, root: str | os.PathLike = ".") -> Sweep:
         variant = _resolve_variant(variant_name, overrides, base, shared, budget, root)
         check_suites_fit(variant_name, variant.config, settings)
         variants.append(variant)
-    return Sweep(name, str(path), tuple(variants), tuple(seeds), budget, float(limit), settings)
+    return Sweep(name, str(path), tuple(variants), seeds, budget, limit, settings)
