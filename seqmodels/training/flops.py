@@ -14,14 +14,17 @@ import time
 import jax
 import jax.numpy as jnp
 
-# device_kind substring -> (bf16 peak, fp32 peak) FLOP/s per device.
+# device_kind substring -> (bf16 peak, fp32 peak) FLOP/s per device; the first match wins, so a
+# name that contains another comes before it. jax names v5e "TPU v5 lite", v5p "TPU v5" (or "TPU v5p")
+# and v6e "TPU v6 lite".
 PEAK_FLOPS = {
     "H200": (989e12, 67e12),
     "H100": (989e12, 67e12),
     "A100": (312e12, 19.5e12),
     "TPU v6": (918e12, 918e12 / 4),
-    "TPU v5p": (459e12, 459e12 / 4),
-    "TPU v5": (197e12, 197e12 / 4),
+    "TPU v5 lite": (197e12, 197e12 / 4),
+    "TPU v5e": (197e12, 197e12 / 4),
+    "TPU v5": (459e12, 459e12 / 4),
     "TPU v4": (275e12, 275e12 / 4),
 }
 
@@ -42,11 +45,15 @@ def measured_matmul_flops(size: int = 512, repeats: int = 5) -> float:
 def peak_flops_per_device(override: float, compute_dtype: str) -> float:
     if override > 0:
         return override
-    kind = jax.devices()[0].device_kind
+    return peak_for_kind(jax.devices()[0].device_kind, compute_dtype) or measured_matmul_flops()
+
+
+def peak_for_kind(kind: str, compute_dtype: str) -> float | None:
+    """The datasheet peak of the device named ``kind`` (``PEAK_FLOPS``), or None for an unlisted device."""
     for name, (bf16, fp32) in PEAK_FLOPS.items():
         if name.lower() in kind.lower():
             return bf16 if compute_dtype == "bfloat16" else fp32
-    return measured_matmul_flops()
+    return None
 
 
 def mfu(tokens_per_second: float, forward_flops_per_token: float, peak_per_device: float,

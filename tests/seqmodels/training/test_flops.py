@@ -38,3 +38,17 @@ def test_mfu_counts_training_as_three_forward_passes():
     assert mfu(tokens_per_second=1000, forward_flops_per_token=1e6, peak_per_device=1e10, num_devices=2) == \
         pytest.approx(3 * 1e9 / 2e10)
 
+
+
+@pytest.mark.parametrize("kind, bf16", [("TPU v5 lite", 197e12), ("TPU v5e", 197e12), ("TPU v5", 459e12),
+                                        ("TPU v5p", 459e12), ("TPU v6 lite", 918e12), ("TPU v4", 275e12),
+                                        ("NVIDIA H200", 989e12)])
+def test_each_accelerator_gets_its_own_datasheet_peak(kind, bf16):
+    from seqmodels.training.flops import peak_for_kind
+    assert peak_for_kind(kind, "bfloat16") == bf16
+    assert peak_for_kind(kind, "float32") < bf16
+
+
+def test_an_unlisted_device_has_no_datasheet_peak():
+    from seqmodels.training.flops import peak_for_kind
+    assert peak_for_kind("cpu", "float32") is None
