@@ -43,17 +43,15 @@ def parse_args(argv):
     return parser.parse_args(argv)
 
 
-# What a suite needs of the run it evaluates: (test on the run's config, what to tell the user when it fails).
+# What a suite needs of the run it evaluates: (test on the run's config, what it needs, in words).
 SUITE_NEEDS = {
-    "perplexity": (lambda config: config.model.kind == "lm",
-                   "a language model (model.kind=lm); this run is a looped classifier: use --suites cfl"),
-    "recall": (lambda config: config.model.kind == "lm",
-               "a language model (model.kind=lm); this run is a looped classifier: use --suites cfl"),
-    "ahn": (lambda config: config.model.kind == "ahn",
-            "an AHN run (model.kind=ahn); use --suites perplexity for a language model"),
-    "cfl": (lambda config: config.data.source == "cfl",
-            "a run trained on data.source=cfl (its accept/reject tokens); use --suites perplexity or recall"),
+    "perplexity": (lambda config: config.model.kind == "lm", "a language model (model.kind=lm)"),
+    "recall": (lambda config: config.model.kind == "lm", "a language model (model.kind=lm)"),
+    "ahn": (lambda config: config.model.kind == "ahn", "an AHN run (model.kind=ahn)"),
+    "cfl": (lambda config: config.data.source == "cfl", "a run trained on data.source=cfl (its accept/reject tokens)"),
 }
+# The suites that do fit a run, by what it is.
+SUITES_FOR = {"lm": "perplexity or recall", "looped": "cfl", "ahn": "ahn"}
 
 
 def check_args(args) -> tuple[list[str], list[int]]:
@@ -88,7 +86,10 @@ def check_suites_fit(suites, config, run_dir) -> None:
     for suite in suites:
         fits, needs = SUITE_NEEDS[suite]
         if not fits(config):
-            raise ConfigError(f"suite {suite!r} needs {needs} ({run_dir})")
+            kind = config.model.kind
+            what = f"model.kind={kind}" + (", data.source=cfl" if config.data.source == "cfl" else "")
+            usable = "cfl" if config.data.source == "cfl" else SUITES_FOR.get(kind, "another suite")
+            raise ConfigError(f"suite {suite!r} needs {needs}; this run is {what}: use --suites {usable} ({run_dir})")
 
 
 def write_results(results: dict, out: Path) -> None:
