@@ -139,3 +139,16 @@ def test_auto_lowers_sinks_without_a_row_by_row_matrix_on_tpu_and_gpu(platform, 
             return jax.jit(attend).trace(q, q, q, rows, rows).lower(
                 lowering_platforms=("tpu" if platform == "tpu" else "cuda",)).as_text()
     assert "512x512" not in lowered("auto") and "512x512" in lowered("xla")
+
+
+def test_bfloat16_rows_stay_bfloat16_and_match_the_masked_path():
+    """Both paths score in float32 and weigh bfloat16 values with bfloat16 probabilities; they differ
+    by the rounding of those sums: 3e-2 absolute (a few bfloat16 ulps of O(1) outputs)."""
+    q, k, v = (x.astype(jnp.bfloat16) for x in _inputs(2))
+    segments, positions = _packed_rows()
+    real = (segments != 0)[..., None, None]
+    out = attend_rows(q, k, v, segments, positions, window=40, num_sinks=4, causal=True, implementation="banded")
+    expected = attend_rows(q, k, v, segments, positions, window=40, num_sinks=4, causal=True, implementation="xla")
+    assert out.dtype == jnp.bfloat16
+    np.testing.assert_allclose(jnp.where(real, out, 0).astype(jnp.float32),
+                               jnp.where(real, expected, 0).astype(jnp.float32), atol=3e-2, rtol=0)
