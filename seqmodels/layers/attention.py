@@ -25,11 +25,12 @@ it computes the rule (no sinks, T a multiple of 128), else ``banded`` for a slid
 ``banded`` with sinks, else cuDNN for rows without segment ids and ``flash`` for packed rows;
 ``xla`` where none applies (full context over rows splash cannot block) and on CPU.
 
-Sinks cannot go through splash's or flash's masks: those are static functions of (query row, key
-row), shared by every row of the batch, while a document's sinks sit at rows ``[start, start +
-num_sinks)`` with ``start`` wherever the packer put that document. The banded form splits queries
-into blocks of ``Bq`` rows; each block scores the fixed-length key slice ``[q_first - window + 1,
-q_last]`` (rounded out to whole blocks) plus the ``num_sinks`` keys gathered at ``q_first -
+Sinks cannot go through splash's masks: those are static functions of (query row, key row), shared by
+every row of the batch (only segment ids vary per row), while a document's sinks sit at rows ``[start,
+start + num_sinks)`` with ``start`` wherever the packer put that document; the Triton flash kernels
+mask by segment ids and row distance only, and have no sink blocks either. The banded form splits
+queries into blocks of ``Bq`` rows; each block scores the fixed-length key slice ``[q_first - window +
+1, q_last]`` (rounded out to whole blocks) plus the ``num_sinks`` keys gathered at ``q_first -
 pos[q_first] + j`` (the document of the block's first query; any later document of the block starts
 inside the slice, so its sinks are there), drops a gathered key that already lies in the slice, and
 masks all of them by the rule: scores ``O(B H T (window + 2 Bq + num_sinks))``. It needs a window

@@ -93,7 +93,8 @@ def test_sliding_window_attention_with_sinks_grows_linearly_in_seq_len(tmp_path)
     masked path's attention FLOPs quadruple). ``temp_bytes`` counts HBM: XLA may place the band's
     scores (``[H, T, 2 * 128 + 4]`` float32 here) in VMEM, which is linear in T as well."""
     overrides = ["model.d_model=128", "model.num_heads=4", "model.mixers=[swa]", "model.swa.window=128",
-                 "model.swa.num_sinks=4", "model.max_seq_len=8192", "train.batch_size=4", "model.compute_dtype=bfloat16"]
+                 "model.swa.num_sinks=4", "model.max_seq_len=8192", "train.batch_size=4",
+                 "model.compute_dtype=bfloat16"]
     reports = {seq_len: run_aot(tmp_path, "v5e:2x2", None, overrides + [f"data.seq_len={seq_len}"])
                for seq_len in (4096, 8192)}
     temp = {seq_len: report["temp_bytes"] for seq_len, report in reports.items()}
