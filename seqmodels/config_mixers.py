@@ -29,10 +29,12 @@ class AttentionConfig:
     qkv_bias: bool = describe("learned biases on the query, key and value projections (Qwen2)", False)
     rope_theta: float = describe("rotary embedding base", 10000.0)
     qk_norm: bool = describe("RMS-normalise queries and keys per head before the dot product", False)
-    implementation: Literal["auto", "xla", "cudnn", "splash", "flash"] = describe(
+    implementation: Literal["auto", "xla", "cudnn", "splash", "flash", "banded"] = describe(
         "attention kernel over training rows: auto (splash on TPU; on GPU cuDNN for rows without segment ids, "
-        "else flash; xla where neither applies and on CPU), xla (explicit [T, T] mask), cudnn, splash (TPU), "
-        "flash (Pallas Triton with segment ids, GPU); splash and flash run in interpret mode on CPU", "auto")
+        "else flash; banded for swa with sinks on TPU and GPU; xla where none applies and on CPU), xla "
+        "(explicit [T, T] mask), cudnn, splash (TPU), flash (Pallas Triton with segment ids, GPU), banded "
+        "(sliding window + sinks in linear memory, plain XLA, swa only); splash and flash run in interpret "
+        "mode on CPU", "auto")
     conv_kernel: int = describe("width of a short causal depthwise convolution over q, k, v; 0 = none", 0)
     causal: bool = describe("causal (a query sees keys up to itself) or bidirectional (every key of its segment); "
                             "the looped model sets it from model.looped.attention", True)

@@ -13,8 +13,8 @@ its segment id with positions restarting at 0: within a segment, differences of 
 differences of positions. Two departures, both harmless to training: a padding query (segment 0)
 attends to the other padding tokens instead of to nothing (its output is loss-masked and no real
 token sees a padding key), and attention sinks (``swa.num_sinks > 0``: the first tokens of each
-document, wherever it starts in the row) are not a static mask, so ``implementation: auto`` keeps
-those layers on the masked XLA path.
+document, wherever it starts in the row) are not a static mask, so ``implementation: auto`` sends
+those layers to the banded form (``banded.py``).
 
 Memory is O(T) per head: the kernel keeps [block_q, block_kv] tiles in VMEM and saves only the
 per-query log-sum-exp for its backward. Queries are scaled by ``D ** -0.5`` before the kernel (the

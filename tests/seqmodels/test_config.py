@@ -141,7 +141,7 @@ def test_a_literal_field_is_checked_when_a_section_is_built_directly_too():
 
     with pytest.raises(ConfigError, match=r"^log.progress: must be auto, always or never, got 'sometimes'$"):
         LogConfig(progress="sometimes")
-    with pytest.raises(ConfigError, match=r"^model.attention.implementation: must be auto, xla, cudnn, splash or flash, got 'flash2'$"):
+    with pytest.raises(ConfigError, match=r"^model.attention.implementation: must be auto, xla, cudnn, splash, flash or banded, got 'flash2'$"):
         AttentionConfig(implementation="flash2")
     with pytest.raises(ConfigError, match=r"^model.compute_dtype: must be float32 or bfloat16, got 1$"):
         ModelConfig(compute_dtype=1)

@@ -82,3 +82,23 @@ def test_attention_memory_over_packed_rows_grows_linearly_in_seq_len(tmp_path):
     scores_bytes = 4 * 8192 * 8192 * 4
     assert temp[8192] / temp[4096] < 2.5, temp
     assert xla["temp_bytes"] >= scores_bytes and temp[8192] < scores_bytes / 8, (temp, xla["temp_bytes"])
+
+
+@pytest.mark.slow
+def test_sliding_window_attention_with_sinks_grows_linearly_in_seq_len(tmp_path):
+    """One ``swa`` layer with per-document sinks over packed rows, one row per chip: ``auto`` on TPU
+    takes the banded form (plain XLA, no Mosaic call), whose step temporaries at most ~double from
+    T = 4096 to 8192 and stay far below the [H, T, T] float32 scores of the explicit-mask path (the
+    test above measures that path at 1 GiB and more for this shape), and whose FLOPs double (the
+    masked path's attention FLOPs quadruple). ``temp_bytes`` counts HBM: XLA may place the band's
+    scores (``[H, T, 2 * 128 + 4]`` float32 here) in VMEM, which is linear in T as well."""
+    overrides = ["model.d_model=128", "model.num_heads=4", "model.mixers=[swa]", "model.swa.window=128",
+                 "model.swa.num_sinks=4", "model.max_seq_len=8192", "train.batch_size=4",
+                 "model.compute_dtype=bfloat16"]
+    reports = {seq_len: run_aot(tmp_path, "v5e:2x2", None, overrides + [f"data.seq_len={seq_len}"])
+               for seq_len in (4096, 8192)}
+    temp = {seq_len: report["temp_bytes"] for seq_len, report in reports.items()}
+    scores_bytes = 4 * 8192 * 8192 * 4
+    assert all(report["mosaic_kernels"] == 0 for report in reports.values()), reports
+    assert temp[8192] / temp[4096] < 2.5 and temp[8192] < scores_bytes / 8, temp
+    assert reports[8192]["flops"] / reports[4096]["flops"] < 2.1, reports
