@@ -114,7 +114,7 @@ def _tail(path: Path, lines: int = 6) -> str:
     return errors[-1] if errors else " | ".join(text[-lines:])
 
 
-def _run_process(command, log_path: Path, time_limit_s: float | None) -> tuple[int, bool]:
+def run_process(command, log_path: Path, time_limit_s: float | None) -> tuple[int, bool]:
     """Run ``command`` with output to ``log_path``; SIGTERM it after ``time_limit_s``. Returns (status, limited)."""
     with open(log_path, "a") as log:
         log.write(f"$ {' '.join(command)}\n")
@@ -149,7 +149,7 @@ def execute(spec: RunSpec, time_limit_minutes: float = 0.0) -> dict:
     status = {"variant": spec.variant.name, "seed": spec.seed, "train_command": list(spec.train_command),
               "eval_command": list(spec.eval_command)}
     limit = time_limit_minutes * 60 if time_limit_minutes > 0 else None
-    code, limited = _run_process(spec.train_command, spec.run_dir / "train.log", limit)
+    code, limited = run_process(spec.train_command, spec.run_dir / "train.log", limit)
     status["train_seconds"] = time.perf_counter() - start
     status["train_exit"] = code
     if limited and code != EXIT_PREEMPTED:  # still inside a step (or compiling) long after SIGTERM: killed
@@ -179,7 +179,7 @@ def execute(spec: RunSpec, time_limit_minutes: float = 0.0) -> dict:
     # A time-limited run is evaluated at its last checkpoint only: its evaluation is as slow as its training.
     evaluate = spec.eval_command + (("--last-only",) if status["status"] == "time_limit" else ())
     (spec.run_dir / "sweep_eval.json").unlink(missing_ok=True)  # an earlier invocation's results are stale now
-    code, eval_limited = _run_process(evaluate, spec.run_dir / "eval.log", limit)
+    code, eval_limited = run_process(evaluate, spec.run_dir / "eval.log", limit)
     status["eval_exit"] = code
     if eval_limited:
         status.update(status="time_limit", error=f"evaluation stopped by time_limit_minutes={time_limit_minutes:g} "
