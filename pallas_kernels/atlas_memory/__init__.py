@@ -87,7 +87,7 @@ def atlas_memory(inputs: AtlasInputs, initial_memory: tuple, settings: AtlasSett
         ``[B, H, m, n]`` float32 array per weight matrix): ``(y, M_T)``.
     """
     _check(inputs, initial_memory, settings, partition_spec)
-    impl = _common.resolve_impl(impl, _common.KERNEL_PLATFORMS)
+    impl = _checked_impl(impl)  # passed on unresolved: auto on TPU is the Mosaic Newton-Schulz but the XLA scan
     if impl == "reference":
         y, memory = reference.reference(inputs, initial_memory, settings)
     else:

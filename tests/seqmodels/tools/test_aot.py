@@ -66,6 +66,21 @@ def test_gated_deltanet_with_full_remat_compiles_for_tpu(tmp_path):
 
 
 @pytest.mark.slow
+def test_atlas_deltanet_longhorn_and_muonssm_compile_for_tpu_under_auto(tmp_path):
+    """``model.kernel_impl`` and ``optim.muon_impl`` left at auto, one layer each of the mixers no other
+    compile here covers (the tests above: Mamba2 and Gated DeltaNet; below: attention and swa; the
+    hybrids atlas_mag / atlas_mal are Atlas beside attention): each composed op resolves auto for
+    itself, so Atlas's Newton-Schulz is the Mosaic kernel while its scans, which have no Mosaic
+    kernel, are XLA (Atlas once passed the resolved ``pallas_tpu`` down to them and failed)."""
+    report = run_aot(tmp_path, "v5e:2x2", "configs/atlas.yaml",
+                     TINY + ["model.mixers=[atlas, deltanet, longhorn, muonssm_gated_deltanet, muonssm_longhorn]",
+                             "optim.name=muon", "model.compute_dtype=bfloat16", "model.atlas.poly_key_dim=4",
+                             "model.atlas.memory_expansion=1"])
+    assert report["num_devices"] == 4 and report["temp_bytes"] > 0 and report["flops"] > 0
+    assert report["mosaic_kernels"] >= 3, report  # Newton-Schulz (Atlas, MuonSSM, Muon), the gated delta rule
+
+
+@pytest.mark.slow
 def test_attention_memory_over_packed_rows_grows_linearly_in_seq_len(tmp_path):
     """One attention layer over packed rows (segment ids), one row per chip: with splash attention
     (``auto`` on TPU) doubling T from 4096 to 8192 at most ~doubles the step's temporaries; the
