@@ -120,6 +120,23 @@ def _png_series(path: Path) -> dict:
     return json.loads(Image.open(path).text["Description"])
 
 
+def test_loss_curves_average_seeds_only_where_every_seed_has_a_point(tmp_path):
+    from seqmodels.sweeps.report import write_plots
+
+    def curve(points):
+        return {"eval": {"curve": [{"tokens": t, "flops": 10 * t, "loss": loss} for t, loss in points]}}
+
+    # seed 1 was stopped by the time limit at 25 tokens and evaluated there, then resumed to 30
+    runs = [curve([(10, 9.0), (20, 8.0), (30, 7.0)]), curve([(10, 9.5), (20, 8.5), (25, 8.4), (30, 7.5)])]
+    results = {"variants": [{"name": "a", "runs": runs, "summary": {}},
+                            {"name": "b", "runs": [curve([(5, 9.9), (15, 9.1)])], "summary": {}}]}
+    write_plots(results, tmp_path)
+    series = _png_series(tmp_path / "loss_vs_tokens.png")
+    assert series["a"] == [[10, 9.25], [20, 8.25], [30, 7.25]]
+    assert series["b"] == [[5, 9.9], [15, 9.1]]
+    assert _png_series(tmp_path / "loss_vs_flops.png")["a"] == [[100, 9.25], [200, 8.25], [300, 7.25]]
+
+
 @pytest.mark.slow
 def test_a_two_variant_sweep_runs_resumes_and_reports(tmp_path):
     path = tiny_sweep(tmp_path)

@@ -218,7 +218,11 @@ def write_plots(results: dict, out: Path) -> list[str]:
             curves = [r["eval"]["curve"] for r in variant["runs"] if "eval" in r]
             if not curves:
                 continue
-            points = sorted({p[axis] for c in curves for p in c})
+            # only the points every seed reached: a mean over the seeds that happen to have a point (a run
+            # the time limit stopped, then resumed, has one more) would zigzag between seeds
+            points = sorted(set.intersection(*({p[axis] for p in c} for c in curves)))
+            if not points:
+                continue
             means = [statistics.fmean(p["loss"] for c in curves for p in c if p[axis] == x) for x in points]
             plot.plot(points, means, marker="o", label=variant["name"])
             series[variant["name"]] = [[x, y] for x, y in zip(points, means)]
