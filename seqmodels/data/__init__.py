@@ -4,12 +4,6 @@ Importing this package registers every data source (``sources.py``): each module
 the sources it defines.
 """
 
-import warnings
-
-# `python -m seqmodels.data.tokenizers` runs a module this package has already imported; runpy's warning
-# about that is harmless here (the module keeps no state that a second copy could split).
-warnings.filterwarnings("ignore", message="'seqmodels.data.tokenizers' found in sys.modules", category=RuntimeWarning)
-
 from seqmodels.data import cfl_pipeline, records, synthetic, text, token_shards  # noqa: F401  (each registers its sources)
 from seqmodels.data.corpus import DataError, DocumentSplit, load_documents
 from seqmodels.data.packing import FIELDS, PackedRowsIterDataset, pack_and_batch, pack_examples, pad_batch

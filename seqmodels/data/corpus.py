@@ -9,7 +9,7 @@ Corpora (``data.source``; ``text.py`` registers them and turns their documents i
 * ``jsonl``, ``parquet``: a document per record's ``data.text_field`` (``records.py``).
 * ``arrayrecord``: the records of the ArrayRecord shards matching ``data.path`` (sorted), each
   record one UTF-8 document, read through ``grain.sources.ArrayRecordDataSource``. Shards are
-  written by ``python -m seqmodels.data.prepare``.
+  written by ``python -m seqmodels.data.builders.prepare``.
 
 Listing a source touches file metadata only (``stat``, shard headers); ``docs[i]`` reads document
 ``i`` when it is asked for. Empty files are skipped. ``data.max_documents`` keeps the first that
@@ -245,7 +245,7 @@ def arrayrecord_documents(pattern: str) -> RecordDocuments:
                     if os.path.isfile(p))
     if not shards:
         raise DataError(f"{origin}: no shard matches this glob{_cwd_note(pattern)}; "
-                        "write shards with `python -m seqmodels.data.prepare`")
+                        "write shards with `python -m seqmodels.data.builders.prepare`")
     ranges = []
     for shard in shards:
         try:
@@ -303,11 +303,3 @@ def load_documents(cfg: DataConfig) -> DocumentSplit:
     train, heldout = split_indices(documents.identities, cfg.heldout_fraction)
     return DocumentSplit(cfg.source, location, documents.subset(train), documents.subset(heldout))
 
-
-def file_sha256(path: str) -> str:
-    """The hex sha256 of the file at ``path``, read in 1 MiB blocks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()

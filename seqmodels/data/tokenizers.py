@@ -84,37 +84,3 @@ def get_tokenizer(name: str):
     raise ValueError(f"data.tokenizer: unknown tokenizer {name!r}; known: {', '.join(sorted(_TOKENIZERS))}, "
                      f"{', '.join(prefix + 'DIR' for prefix in _TOKENIZER_PREFIXES)}")
 
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m seqmodels.data.tokenizers train --input IN --vocab-size N --out DIR`` (``seqmodels.data.bpe``)."""
-    import argparse
-    import sys
-    import time
-
-    from seqmodels.data import bpe
-
-    parser = argparse.ArgumentParser(prog="python -m seqmodels.data.tokenizers")
-    commands = parser.add_subparsers(dest="command", required=True)
-    train = commands.add_parser("train", help="train a byte-level BPE tokenizer (tokenizer.json)",
-                                description=bpe.__doc__.split("\n\n")[0])
-    train.add_argument("--input", required=True, help="a corpus directory (its train.jsonl), a .jsonl file or a glob")
-    train.add_argument("--vocab-size", type=int, required=True)
-    train.add_argument("--out", required=True, help="directory for tokenizer.json (then data.tokenizer=hf:DIR)")
-    train.add_argument("--min-frequency", type=int, default=2)
-    train.add_argument("--text-field", default="text", help="the JSON field holding the text (.jsonl inputs)")
-    args = parser.parse_args(argv)
-    start = time.perf_counter()
-    try:
-        out = bpe.train_bpe(args.input, args.vocab_size, args.out, min_frequency=args.min_frequency,
-                            text_field=args.text_field)
-    except (ValueError, FileExistsError, OSError) as error:
-        print(f"tokenizers: {error}", file=sys.stderr)
-        return 2
-    print(f"tokenizers: wrote {out}/tokenizer.json in {time.perf_counter() - start:.0f} s; "
-          f"train with data.tokenizer=hf:{out}")
-    return 0
-
-
-if __name__ == "__main__":
-    import sys
-    sys.exit(main())

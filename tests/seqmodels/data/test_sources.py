@@ -12,7 +12,7 @@ from seqmodels.config import ConfigError, DataConfig
 from seqmodels.config_io import load_config
 from seqmodels.data import (FIELDS, DataError, DataSource, describe_source, get_source, load_documents,
                             make_eval_batches, make_train_dataset, register_source, required_vocab_size, source_names)
-from seqmodels.data.prepare import prepare_shards
+from seqmodels.data.builders.prepare import prepare_shards
 
 SEQ_LEN, BATCH = 24, 2
 
@@ -26,7 +26,7 @@ def tiny_config(name: str, tmp_path: Path) -> DataConfig:
     if name == "jsonl":
         (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"text": text}) + "\n" for text in texts))
     if name == "token_ids":
-        from seqmodels.data.token_shards import write_token_shards
+        from seqmodels.data.builders.token_shards import write_token_shards
         write_token_shards(texts, str(tmp_path / "ids"), 2, "byte")
     if name == "parquet":
         import pyarrow as pa

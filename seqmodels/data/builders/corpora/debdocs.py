@@ -30,8 +30,9 @@ import os
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
-from seqmodels.data.corpora import cleaning, deb
-from seqmodels.data.corpus import file_sha256, heldout_scores
+from seqmodels.data.builders.corpora import cleaning, deb
+from seqmodels.data.builders.files import file_sha256
+from seqmodels.data.corpus import heldout_scores
 
 SPLITS = ("train", "validation", "test")
 MANIFEST = "manifest.json"
@@ -188,7 +189,7 @@ def package_parts(debs_dir: str) -> Iterator[tuple[dict, Iterator[tuple[str, str
 
 def build_debdocs(out: str, *, debs_dir: str | None = None, validation_fraction: float = 0.01,
                   test_fraction: float = 0.01) -> dict:
-    """``python -m seqmodels.data.corpora debdocs --out DIR``: fetch, clean, split, write; return the manifest."""
+    """``python -m seqmodels.data.builders.corpora debdocs --out DIR``: fetch, clean, split, write; return the manifest."""
     check_output_dir(out)
     debs_dir = debs_dir or os.path.join(out, "debs")
     return write_corpus(out, package_parts(debs_dir), validation_fraction=validation_fraction,
