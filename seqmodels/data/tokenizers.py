@@ -4,7 +4,8 @@
 document), 257 is EOS (end of a document); ``vocab_size`` = 258. ``encode`` returns the bytes only;
 the data pipeline frames each document as ``document_ids()`` = ``(BOS, EOS)`` around them.
 ``data.tokenizer: hf:DIR`` is a Hugging Face directory's tokenizer (``seqmodels.hf.tokenizer``), with
-the same ``encode`` / ``decode`` / ``vocab_size`` / ``document_ids`` interface.
+the same ``encode`` / ``decode`` / ``vocab_size`` / ``document_ids`` interface. Training a BPE
+tokenizer is a builder: ``python -m seqmodels.data.builders.tokenizer train``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import functools
 from collections.abc import Sequence
 
 import numpy as np
+
+from seqmodels.data.errors import DataError
 
 BOS_ID = 256
 EOS_ID = 257
@@ -59,7 +62,6 @@ class ByteTokenizer:
 
 @functools.lru_cache(maxsize=8)
 def _hf_tokenizer(directory: str):
-    from seqmodels.data.corpus import DataError
     from seqmodels.hf.errors import HFFormatError
     from seqmodels.hf.tokenizer import load_tokenizer
     try:

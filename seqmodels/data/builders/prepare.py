@@ -27,7 +27,7 @@ import numpy as np
 
 from seqmodels.data.builders.files import input_files, iter_texts
 from seqmodels.data.builders.token_shards import write_token_shards
-from seqmodels.data.corpus import text_file_documents
+from seqmodels.data.document_files import text_file_documents
 from seqmodels.data.shards import SHARD_SUFFIX, WRITER_OPTIONS, shard_paths
 
 

@@ -11,9 +11,9 @@ Packages (``PACKAGES``; a name given as a regex is resolved to the newest matchi
 * ``fortunes``, ``fortunes-min``: one document per fortune (``cleaning.split_fortunes``).
 
 A document is named ``<corpus part>/<path or headword>[#k]``; names are unique. Split: with
-``u = blake2b(name) / 2**64`` (``corpus.heldout_scores``), a document is ``validation`` if
-``u < validation_fraction``, ``test`` if ``u < validation_fraction + test_fraction``, else
-``train``: a document's split depends on its name only, not on which other documents exist or on
+``u = blake2b(name) / 2**64`` (``seqmodels.data.document_split.heldout_scores``), a document is
+``validation`` if ``u < validation_fraction``, ``test`` if ``u < validation_fraction + test_fraction``,
+else ``train``: a document's split depends on its name only, not on which other documents exist or on
 their order. Output (``write_corpus``): ``train.jsonl``, ``validation.jsonl``, ``test.jsonl``
 (one ``{"name", "package", "text"}`` object a line, in package then file order) and
 ``manifest.json`` (packages with versions and sha256 of each ``.deb``, document counts, the split
@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 from seqmodels.data.builders.corpora import cleaning, deb
 from seqmodels.data.builders.files import file_sha256
-from seqmodels.data.corpus import heldout_scores
+from seqmodels.data.document_split import heldout_scores
 
 SPLITS = ("train", "validation", "test")
 MANIFEST = "manifest.json"

@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 
 from seqmodels.config import DataConfig
-from seqmodels.data.corpus import DataError, load_documents, split_indices, stdlib_documents
 from seqmodels.data.builders.prepare import main as prepare_main
+from seqmodels.data.document_split import load_documents, split_indices
+from seqmodels.data.errors import DataError
+from seqmodels.data.sources.text_documents import stdlib_documents
 
 
 def write_files(root, contents):

@@ -1,20 +1,16 @@
-"""ArrayRecord shards of token ids: written by ``python -m seqmodels.data.builders.prepare --tokenizer``, read by
-``data.source=token_ids``.
+"""Documents of token ids in ArrayRecord shards: the source ``token_ids``.
 
-Writing (``write_token_shards``): each input document (a text file, or a ``.jsonl`` line's
-``--text-field``) becomes one record: its token ids under the tokenizer (no BOS/EOS; the pipeline
-frames documents as every corpus does) as little-endian ``uint16`` when the vocabulary fits, else
-``int32``. Shard ``k`` of ``N`` holds a contiguous run of the documents in input order; the shards
-are tokenized and written by ``workers`` processes in parallel. ``tokens.json`` beside them records
-the tokenizer (its name and the sha256 of its ``tokenizer.json``), the dtype, and per shard its
-documents and tokens.
+The shards are written by ``python -m seqmodels.data.builders.prepare --tokenizer``
+(``builders/token_shards.py``): one record per document, its token ids as ``uint16`` or ``int32``,
+``tokens.json`` beside them naming the tokenizer and the dtype (``seqmodels.data.shards``).
 
-Reading (``data.source=token_ids``, ``data.path`` = the shards' glob): training process ``p`` of
-``n`` reads the shards ``p, p + n, p + 2n, ...`` of the sorted list (so there must be at least ``n``
-shards), shuffles their documents by ``data.seed`` every epoch, frames and packs them like the text
-corpora. Held out: the shards of ``data.heldout_path``, or else the hash split of ``corpus.py`` over
-record identities ``<shard name>:<record>``, applied before the shards are divided among processes.
-The configured ``data.tokenizer`` must be the one the shards were written with (``ConfigError``).
+Reading (``data.path`` = the shards' glob): training process ``p`` of ``n`` reads the shards
+``p, p + n, p + 2n, ...`` of the sorted list (so there must be at least ``n`` shards), shuffles their
+documents by ``data.seed`` every epoch, frames and packs them like the text corpora
+(``document_rows.py``). Held out: the shards of ``data.heldout_path``, or else the hash split of
+``document_split.py`` over record identities ``<shard name>:<record>``, applied before the shards are
+divided among processes. The configured ``data.tokenizer`` must be the one the shards were written
+with (``ConfigError``).
 """
 
 from __future__ import annotations
@@ -28,10 +24,12 @@ import grain
 import numpy as np
 
 from seqmodels.config import ConfigError, DataConfig
-from seqmodels.data.corpus import DataError, split_indices
+from seqmodels.data.document_rows import DOCUMENT_READ_OPTIONS, FrameIds, shuffle_seed, tokenizer_vocab_size
+from seqmodels.data.document_split import split_indices
+from seqmodels.data.errors import DataError
 from seqmodels.data.packing import heldout_batches, pack_and_batch
-from seqmodels.data.sources import DataSource, register_source
 from seqmodels.data.shards import TOKEN_METADATA, tokenizer_fingerprint
+from seqmodels.data.sources import DataSource, register_source
 from seqmodels.data.tokenizers import get_tokenizer
 
 
@@ -121,26 +119,12 @@ def token_documents(cfg: DataConfig, *, process_index: int = 0, process_count: i
     return mine, heldout
 
 
-class FrameIds:
-    """ids -> ``{"tokens": [open] + ids + [close], "loss_mask": [0, 1, ..., 1]}`` (as ``text.FrameDocument``)."""
-
-    def __init__(self, opening: int, closing: int):
-        self.opening, self.closing = opening, closing
-
-    def __call__(self, ids: np.ndarray) -> dict[str, np.ndarray]:
-        tokens = np.concatenate([[self.opening], ids, [self.closing]]).astype(np.int32)
-        loss_mask = np.ones(tokens.size, np.float32)
-        loss_mask[0] = 0.0
-        return {"tokens": tokens, "loss_mask": loss_mask}
-
-
 def token_ids_train(cfg: DataConfig, *, batch_size: int, process_index: int, process_count: int) -> grain.IterDataset:
-    from seqmodels.data.text import _READ_OPTIONS, shuffle_seed
-
     mine, _ = token_documents(cfg, process_index=process_index, process_count=process_count)
     stream = grain.MapDataset.source(mine).shuffle(seed=shuffle_seed(cfg.seed)).repeat(None)
     stream = stream.map(FrameIds(*get_tokenizer(cfg.tokenizer).document_ids()))
-    return pack_and_batch(stream.to_iter_dataset(_READ_OPTIONS), seq_len=cfg.seq_len, batch_size=batch_size)
+    return pack_and_batch(stream.to_iter_dataset(DOCUMENT_READ_OPTIONS), seq_len=cfg.seq_len,
+                          batch_size=batch_size)
 
 
 def token_ids_eval(cfg: DataConfig, *, batch_size: int, max_batches: int) -> list[dict]:
@@ -163,6 +147,5 @@ def _check(cfg: DataConfig) -> None:
         raise ConfigError("data.path: data.source=token_ids needs data.path (a glob of token-id shards)")
 
 
-register_source("token_ids", DataSource(train=token_ids_train, eval=token_ids_eval,
-                                        vocab_size=lambda cfg: get_tokenizer(cfg.tokenizer).vocab_size,
+register_source("token_ids", DataSource(train=token_ids_train, eval=token_ids_eval, vocab_size=tokenizer_vocab_size,
                                         describe=_describe, check=_check))
