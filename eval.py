@@ -108,7 +108,7 @@ def write_results(results: dict, out: Path) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    from seqmodels.data.corpus import DataError
+    from seqmodels.data.errors import DataError
     from seqmodels.evaluation.loading import load_run
     from seqmodels.evaluation.perplexity import evaluate_perplexity
     from seqmodels.training.checkpoint import CheckpointError

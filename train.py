@@ -52,7 +52,7 @@ def main(argv=None) -> int:
     from seqmodels.training.stop import StopFlag
     stop = StopFlag()  # before the heavy imports: a signal during set-up or compilation stops cleanly too
     try:
-        from seqmodels.data.corpus import DataError
+        from seqmodels.data.errors import DataError
         from seqmodels.training.checkpoint import CheckpointError
         from seqmodels.training.loop import TrainingDiverged, train
         from seqmodels.training.run_dir import RunDirError

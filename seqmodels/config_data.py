@@ -11,7 +11,7 @@ from seqmodels.config_base import _require, _require_at_least, _require_choices,
 
 def needle_min_length(key_length: int, value_length: int, distractors: int) -> int:
     """Fewest tokens of a needle-in-a-haystack row: BOS, the needles ' #key=value.', the query
-    ' #key=' and its answer, and one filler byte (``seqmodels.data.synthetic`` writes this layout)."""
+    ' #key=' and its answer, and one filler byte (``seqmodels.data.sources.needle`` writes this layout)."""
     return 1 + (1 + distractors) * (4 + key_length + value_length) + (3 + key_length) + value_length + 1
 
 
@@ -20,7 +20,7 @@ SYNTHETIC_TASKS = ("mqar", "selective_copy")
 
 @dataclass(frozen=True)
 class SyntheticConfig:
-    """Generated recall tasks (``data.source: mqar | selective_copy``; ``seqmodels.data.synthetic``).
+    """Generated recall tasks (``data.source: mqar | selective_copy``; ``seqmodels.data.sources.recall``).
 
     Token ids: 0 blank, 1 BOS, 2 separator, then MQAR keys and values (the rest of the vocabulary
     split in two halves) or selective-copying content tokens. One example fills one row.

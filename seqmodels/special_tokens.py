@@ -1,6 +1,6 @@
 """Token ids that data pipelines and models both rely on, so neither imports the other.
 
-The CFL recognition vocabulary (``seqmodels.data.cfl_pipeline``) opens with five fixed ids; the
+The CFL recognition vocabulary (``seqmodels.data.cfl.rows``) opens with five fixed ids; the
 looped model's loss and the CFL evaluation read the decision from the two label logits.
 """
 

@@ -1,17 +1,23 @@
-"""Data: tokenizers, document corpora, packing, the data-source registry and the grain pipelines.
+"""Data: the data-source registry and the grain pipelines, tokenizers, packing, document corpora, builders.
 
-Importing this package registers every data source (``sources.py``): each module below registers
-the sources it defines.
+    pipeline.py        make_train_dataset / make_eval_batches / required_vocab_size / describe_source
+    sources/           the registry of data.source values, one module per source or family of sources
+    packing.py         elements -> fixed-length rows with segment ids -> batches
+    tokenizers.py      data.tokenizer: byte, hf:DIR
+    document_files.py  documents stored one per file (listing a glob, reading UTF-8)
+    document_split.py  a corpus's documents split train / held-out by a hash of each identity
+    document_rows.py   a document corpus as packed token rows (what the document sources share)
+    shards.py          the ArrayRecord shard layout that builders write and sources read
+    errors.py          DataError
+    cfl/               the context-free-language recognition task
+    builders/          commands that write corpora, tokenizers and shards (python -m seqmodels.data.builders.*)
+
+The registry imports every module of ``sources/`` the first time it is asked for a source, so every
+source is registered before any is looked up.
 """
 
-import warnings
-
-# `python -m seqmodels.data.tokenizers` runs a module this package has already imported; runpy's warning
-# about that is harmless here (the module keeps no state that a second copy could split).
-warnings.filterwarnings("ignore", message="'seqmodels.data.tokenizers' found in sys.modules", category=RuntimeWarning)
-
-from seqmodels.data import cfl_pipeline, records, synthetic, text, token_shards  # noqa: F401  (each registers its sources)
-from seqmodels.data.corpus import DataError, DocumentSplit, load_documents
+from seqmodels.data.document_split import DocumentSplit, load_documents
+from seqmodels.data.errors import DataError
 from seqmodels.data.packing import FIELDS, PackedRowsIterDataset, pack_and_batch, pack_examples, pad_batch
 from seqmodels.data.pipeline import describe_source, make_eval_batches, make_train_dataset, required_vocab_size
 from seqmodels.data.sources import DataSource, get_source, register_source, source_names

@@ -1,9 +1,10 @@
 """grain pipelines of the configured data source: training batches, evaluation batches, a log line.
 
-``data.source`` names an entry of the source registry (``sources.py``); these functions check the
+``data.source`` names an entry of the source registry (``sources/``); these functions check the
 shared arguments, look the entry up (and run its ``check``), and call it. The sources and their row
-layouts: ``text.py`` (document corpora packed into rows), ``synthetic.py`` (MQAR, selective copying,
-needle), ``cfl_pipeline.py`` (context-free-language recognition).
+layouts: ``document_rows.py`` (document corpora packed into rows: ``sources/text_documents.py``,
+``record_files.py``, ``token_ids.py``), ``sources/recall.py`` (MQAR, selective copying),
+``sources/needle.py``, and ``sources/cfl.py`` (context-free-language recognition, ``cfl/``).
 
 Each batch is ``{inputs, targets, segment_ids, positions: int32, loss_mask: float32}``, every
 array ``[batch_size, seq_len]``; ``batch_size`` is the rows of *this process* (the global batch
@@ -35,7 +36,7 @@ import grain
 
 from seqmodels.config import DataConfig
 from seqmodels.data.sources import DataSource, get_source
-from seqmodels.data.text import FrameDocument, shuffle_seed, train_document_stream  # noqa: F401  (re-exported)
+from seqmodels.data.document_rows import FrameDocument, shuffle_seed, train_document_stream  # noqa: F401  (re-exported)
 
 
 def _check_batching(batch_size: int, process_index: int, process_count: int) -> None:

@@ -4,7 +4,8 @@
 document), 257 is EOS (end of a document); ``vocab_size`` = 258. ``encode`` returns the bytes only;
 the data pipeline frames each document as ``document_ids()`` = ``(BOS, EOS)`` around them.
 ``data.tokenizer: hf:DIR`` is a Hugging Face directory's tokenizer (``seqmodels.hf.tokenizer``), with
-the same ``encode`` / ``decode`` / ``vocab_size`` / ``document_ids`` interface.
+the same ``encode`` / ``decode`` / ``vocab_size`` / ``document_ids`` interface. Training a BPE
+tokenizer is a builder: ``python -m seqmodels.data.builders.tokenizer train``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import functools
 from collections.abc import Sequence
 
 import numpy as np
+
+from seqmodels.data.errors import DataError
 
 BOS_ID = 256
 EOS_ID = 257
@@ -59,7 +62,6 @@ class ByteTokenizer:
 
 @functools.lru_cache(maxsize=8)
 def _hf_tokenizer(directory: str):
-    from seqmodels.data.corpus import DataError
     from seqmodels.hf.errors import HFFormatError
     from seqmodels.hf.tokenizer import load_tokenizer
     try:
@@ -84,37 +86,3 @@ def get_tokenizer(name: str):
     raise ValueError(f"data.tokenizer: unknown tokenizer {name!r}; known: {', '.join(sorted(_TOKENIZERS))}, "
                      f"{', '.join(prefix + 'DIR' for prefix in _TOKENIZER_PREFIXES)}")
 
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m seqmodels.data.tokenizers train --input IN --vocab-size N --out DIR`` (``seqmodels.data.bpe``)."""
-    import argparse
-    import sys
-    import time
-
-    from seqmodels.data import bpe
-
-    parser = argparse.ArgumentParser(prog="python -m seqmodels.data.tokenizers")
-    commands = parser.add_subparsers(dest="command", required=True)
-    train = commands.add_parser("train", help="train a byte-level BPE tokenizer (tokenizer.json)",
-                                description=bpe.__doc__.split("\n\n")[0])
-    train.add_argument("--input", required=True, help="a corpus directory (its train.jsonl), a .jsonl file or a glob")
-    train.add_argument("--vocab-size", type=int, required=True)
-    train.add_argument("--out", required=True, help="directory for tokenizer.json (then data.tokenizer=hf:DIR)")
-    train.add_argument("--min-frequency", type=int, default=2)
-    train.add_argument("--text-field", default="text", help="the JSON field holding the text (.jsonl inputs)")
-    args = parser.parse_args(argv)
-    start = time.perf_counter()
-    try:
-        out = bpe.train_bpe(args.input, args.vocab_size, args.out, min_frequency=args.min_frequency,
-                            text_field=args.text_field)
-    except (ValueError, FileExistsError, OSError) as error:
-        print(f"tokenizers: {error}", file=sys.stderr)
-        return 2
-    print(f"tokenizers: wrote {out}/tokenizer.json in {time.perf_counter() - start:.0f} s; "
-          f"train with data.tokenizer=hf:{out}")
-    return 0
-
-
-if __name__ == "__main__":
-    import sys
-    sys.exit(main())

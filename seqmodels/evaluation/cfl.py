@@ -16,7 +16,7 @@ import numpy as np
 from flax import nnx
 
 from seqmodels.data.cfl import nearest_valid_length
-from seqmodels.data.cfl_pipeline import evaluation_set
+from seqmodels.data.cfl.rows import evaluation_set
 from seqmodels.special_tokens import ACCEPT_ID, REJECT_ID
 from seqmodels.data.packing import pad_batch
 

@@ -1,6 +1,6 @@
 """Needle-in-a-haystack accuracy: the model's greedy continuation of the query, exact match.
 
-For each example (``seqmodels.data.synthetic.NeedleExample``) the model decodes
+For each example (``seqmodels.data.sources.needle.NeedleExample``) the model decodes
 ``len(answer)`` tokens after the prompt with ``seqmodels.models.generate`` (temperature 0, the
 decoding cache); the example counts as retrieved iff every decoded token equals the answer.
 """

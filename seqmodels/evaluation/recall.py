@@ -1,4 +1,4 @@
-"""Recall accuracy on the generated tasks (MQAR, selective copying) of ``seqmodels.data.synthetic``.
+"""Recall accuracy on the generated tasks (MQAR, selective copying) of ``seqmodels.data.sources.recall``.
 
 For every held-out example the model reads the whole row at once (teacher forcing) and an answer
 token counts as recalled when the argmax of its logits is the answer. Reported per task:

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from seqmodels.data.corpus import load_documents
+from seqmodels.data.document_split import load_documents
 from seqmodels.data.tokenizers import get_tokenizer
 
 NEEDLE = " The secret number is {value}."

@@ -13,7 +13,7 @@ positions) and answers accept / reject at [CLS]::
     P(N)     = ceil(a * N^e)                  (padding_scale a = 0: no padding)
 
 [PAD] is a learned vector, inserted by the model, so the data carries only ``[BOS] w [CLS]`` (see
-``seqmodels.data.cfl_pipeline``). Every block is the decoder LM's pre-norm ``Block`` (a mixer, then
+``seqmodels.data.cfl.rows``). Every block is the decoder LM's pre-norm ``Block`` (a mixer, then
 SwiGLU) around the registered mixer ``model.looped.mixer`` (default ``attention``; a looped Gated
 DeltaNet is ``model.looped.mixer=gated_deltanet``), called through the ``Mixer`` interface with
 segment id 1 on the ``[BOS] w [PAD]* [CLS]`` positions and 0 on the empty ones after, at positions

@@ -88,7 +88,7 @@ def main(argv=None) -> int:
     parser.add_argument("--last-only", action="store_true", help="evaluate the last checkpoint only")
     args = parser.parse_args(argv)
     from seqmodels.config import ConfigError
-    from seqmodels.data.corpus import DataError
+    from seqmodels.data.errors import DataError
     from seqmodels.training.checkpoint import CheckpointError
     try:
         results = evaluate_run(Path(args.run), json.loads(args.settings), last_only=args.last_only)

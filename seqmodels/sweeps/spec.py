@@ -156,7 +156,7 @@ def _eval_settings(raw) -> EvalSettings:
 
 def check_suites_fit(name: str, config: Config, settings: EvalSettings) -> None:
     """Refuse, before any run, a suite that cannot evaluate this variant (``SweepError`` naming both)."""
-    from seqmodels.data.synthetic import SYNTHETIC_TASKS
+    from seqmodels.config import SYNTHETIC_TASKS
 
     if "recall" in settings.suites:
         for task in SYNTHETIC_TASKS:

@@ -1,6 +1,6 @@
 """Text with invalid UTF-8 is read with U+FFFD in its place, counted, and reported once per source."""
 
-from seqmodels.data.corpus import text_file_documents
+from seqmodels.data.document_files import text_file_documents
 
 
 def test_invalid_utf8_is_counted_and_reported_once(tmp_path, capsys):

@@ -148,7 +148,7 @@ def test_existing_output_directory_is_never_overwritten(tmp_path, hf_model_facto
 def stdlib_heldout_tokens(tokenizer, count: int) -> np.ndarray:
     """The first ``count`` tokens of the first held-out stdlib document that long (``data.source: stdlib``)."""
     from seqmodels.config import DataConfig
-    from seqmodels.data.corpus import load_documents
+    from seqmodels.data import load_documents
     for text in load_documents(DataConfig()).heldout:
         ids = tokenizer.encode(text)
         if len(ids) >= count:

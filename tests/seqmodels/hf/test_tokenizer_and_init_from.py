@@ -13,8 +13,8 @@ import export as export_entry
 import train as train_entry
 from seqmodels.config import ConfigError, DataConfig
 from seqmodels.config_io import load_config
-from seqmodels.data.corpus import DataError
-from seqmodels.data.text import FrameDocument
+from seqmodels.data.errors import DataError
+from seqmodels.data.document_rows import FrameDocument
 from seqmodels.data.tokenizers import get_tokenizer
 from seqmodels.hf import HFFormatError, load_pretrained, load_tokenizer, resolve_init_from
 from seqmodels.hf.init_from import explicit_model_keys

@@ -10,7 +10,7 @@ from flax import nnx
 
 from seqmodels.config import ConfigError, LoopedConfig, ModelConfig
 from seqmodels.data.cfl import sample
-from seqmodels.data.cfl_pipeline import ACCEPT_ID, REJECT_ID, VOCAB_SIZE, labelled_batch
+from seqmodels.data.cfl.rows import ACCEPT_ID, REJECT_ID, VOCAB_SIZE, labelled_batch
 from seqmodels.models import build_model, flops_per_token
 from seqmodels.layers.rotary import sinusoidal_positions
 from seqmodels.models.looped import LoopedModel, num_loops, num_padding, parameter_count

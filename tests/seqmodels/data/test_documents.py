@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 
 from seqmodels.config import DataConfig
-from seqmodels.data.corpus import DataError, load_documents, split_indices, stdlib_documents
-from seqmodels.data.prepare import main as prepare_main
+from seqmodels.data.builders.prepare import main as prepare_main
+from seqmodels.data.document_split import load_documents, split_indices
+from seqmodels.data.errors import DataError
+from seqmodels.data.sources.text_documents import stdlib_documents
 
 
 def write_files(root, contents):
@@ -89,7 +91,7 @@ def test_unreadable_shard_names_data_path_and_the_shard(tmp_path):
     (tmp_path / "broken.array_record").write_bytes(b"not an array record" * 10)
     with pytest.raises(DataError, match=r"data\.path=.*broken\.array_record is not a readable"):
         load_documents(DataConfig(source="arrayrecord", path=str(tmp_path / "*.array_record")))
-    with pytest.raises(DataError, match=r"data\.path=.*no shard matches.*seqmodels\.data\.prepare"):
+    with pytest.raises(DataError, match=r"data\.path=.*no shard matches.*seqmodels\.data\.builders\.prepare"):
         load_documents(DataConfig(source="arrayrecord", path=str(tmp_path / "*.none")))
 
 

@@ -2,6 +2,9 @@
 
 import inspect
 import json
+import pkgutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +15,7 @@ from seqmodels.config import ConfigError, DataConfig
 from seqmodels.config_io import load_config
 from seqmodels.data import (FIELDS, DataError, DataSource, describe_source, get_source, load_documents,
                             make_eval_batches, make_train_dataset, register_source, required_vocab_size, source_names)
-from seqmodels.data.prepare import prepare_shards
+from seqmodels.data.builders.prepare import prepare_shards
 
 SEQ_LEN, BATCH = 24, 2
 
@@ -26,7 +29,7 @@ def tiny_config(name: str, tmp_path: Path) -> DataConfig:
     if name == "jsonl":
         (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"text": text}) + "\n" for text in texts))
     if name == "token_ids":
-        from seqmodels.data.token_shards import write_token_shards
+        from seqmodels.data.builders.token_shards import write_token_shards
         write_token_shards(texts, str(tmp_path / "ids"), 2, "byte")
     if name == "parquet":
         import pyarrow as pa
@@ -48,8 +51,28 @@ def tiny_config(name: str, tmp_path: Path) -> DataConfig:
     return load_config(None, [f"data.source={name}", f"data.seq_len={SEQ_LEN}", *overrides[name]]).data
 
 
-def test_the_sources_of_every_module_are_registered_on_import():
+def test_the_sources_of_every_module_are_registered():
     assert set(source_names()) >= {"stdlib", "text_files", "arrayrecord", "jsonl", "parquet", "token_ids", "mqar", "selective_copy", "needle", "cfl"}
+
+
+def test_a_source_module_imported_first_still_finds_every_source_registered():
+    # Importing one source module directly registers the package's other sources before its own.
+    code = ("import seqmodels.data.sources.needle as needle; from seqmodels.data.sources import source_names, get_source; "
+            "print(','.join(source_names())); print(get_source('needle').train is needle.needle_train_dataset)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    names, same = result.stdout.split()
+    assert names.split(",") == list(source_names()) and same == "True"
+
+
+def test_the_registry_docstring_lists_every_module_and_every_source():
+    import seqmodels.data.sources as package
+
+    rows = {line.split()[0]: line.split("(")[0].split()[1:] for line in package.__doc__.splitlines()
+            if line.startswith("    ") and line.split()[0].endswith(".py")}
+    modules = {f"{info.name}.py" for info in pkgutil.iter_modules(package.__path__)}
+    assert set(rows) == modules, "a module of seqmodels/data/sources/ is missing from the registry's docstring table"
+    listed = sorted(name.rstrip(",") for names in rows.values() for name in names)
+    assert listed == sorted(source_names())
 
 
 @pytest.mark.parametrize("name", source_names())

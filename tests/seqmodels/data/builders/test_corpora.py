@@ -7,7 +7,7 @@ import tarfile
 
 import pytest
 
-from seqmodels.data.corpora import cleaning, deb, debdocs
+from seqmodels.data.builders.corpora import cleaning, deb, debdocs
 
 RST = """\
 .. _enum-howto:
@@ -175,8 +175,8 @@ def test_download_without_apt_says_what_to_do(tmp_path, monkeypatch):
 
 
 def test_the_command_builds_debdocs_from_packages_offline(tmp_path, monkeypatch, capsys):
-    """python -m seqmodels.data.corpora debdocs on fixture packages (apt replaced by a directory of .debs)."""
-    from seqmodels.data.corpora.__main__ import main
+    """python -m seqmodels.data.builders.corpora debdocs on fixture packages (apt replaced by a directory of .debs)."""
+    from seqmodels.data.builders.corpora.__main__ import main
 
     def package(name, files):
         control = _tar({"./control": f"Package: {name}\nVersion: 1.0-{len(files)}\n".encode()}, "gz")

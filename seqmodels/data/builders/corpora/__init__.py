@@ -1,4 +1,4 @@
-"""Text corpora built from what a machine can fetch: ``python -m seqmodels.data.corpora NAME --out DIR``.
+"""Text corpora built from what a machine can fetch: ``python -m seqmodels.data.builders.corpora NAME --out DIR``.
 
 The registry maps a corpus name to its builder ``build(out, **options) -> manifest``; each builder writes
 ``train.jsonl`` / ``validation.jsonl`` / ``test.jsonl`` and ``manifest.json`` into ``out`` and refuses an
@@ -22,7 +22,7 @@ def register_corpus(name: str, build: Callable[..., dict]) -> None:
 
 
 def _register_builtin() -> None:
-    from seqmodels.data.corpora.debdocs import build_debdocs
+    from seqmodels.data.builders.corpora.debdocs import build_debdocs
     register_corpus("debdocs", build_debdocs)
 
 

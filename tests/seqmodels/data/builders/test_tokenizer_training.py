@@ -1,11 +1,12 @@
-"""python -m seqmodels.data.tokenizers train: deterministic byte-level BPE, round trip, hf:DIR loading."""
+"""python -m seqmodels.data.builders.tokenizer train: deterministic byte-level BPE, round trip, hf:DIR loading."""
 
 import json
 
 import pytest
 
-from seqmodels.data import bpe
-from seqmodels.data.tokenizers import get_tokenizer, main
+from seqmodels.data.builders.files import iter_texts
+from seqmodels.data.builders.tokenizer import main, train_bpe
+from seqmodels.data.tokenizers import get_tokenizer
 
 TEXTS = ["The quick brown fox jumps over the lazy dog. " * 3, "Émile's naïve café — 東京 🦊\ttabs\n\nnew lines",
          "def f(x):\n    return x ** 2  # squares\n"] * 20
@@ -44,8 +45,8 @@ def test_refuses_to_overwrite_and_bad_inputs(tmp_path, capsys):
     assert "already holds tokenizer.json" in capsys.readouterr().err
     assert (out / "tokenizer.json").read_text() == "mine"
     with pytest.raises(ValueError, match="--vocab-size"):
-        bpe.train_bpe(corpus, 100, str(tmp_path / "x"))
+        train_bpe(corpus, 100, str(tmp_path / "x"))
     with pytest.raises(ValueError, match="no such directory, and no file matches"):
-        bpe.train_bpe(str(tmp_path / "missing"), 300, str(tmp_path / "x"))
+        train_bpe(str(tmp_path / "missing"), 300, str(tmp_path / "x"))
     with pytest.raises(ValueError, match="no string field 'body'"):
-        list(bpe.iter_texts([corpus + "/train.jsonl"], "body"))
+        list(iter_texts([corpus + "/train.jsonl"], "body"))

@@ -6,10 +6,10 @@
 * ``parquet``: the files matching ``data.path`` (sorted); each row's ``data.text_field`` column is one
   document (read with ``pyarrow``; only that column is loaded, row group by row group on demand).
 
-A document's identity (for the hash split of ``corpus.py``) is ``<file relative to the glob's fixed
-prefix>:<row>``. A record whose field is missing or not a string raises ``DataError`` naming the
+A document's identity (for the hash split of ``document_split.py``) is ``<file relative to the glob's
+fixed prefix>:<row>``. A record whose field is missing or not a string raises ``DataError`` naming the
 file, the row and ``data.text_field``. Rows with an empty text are kept (they frame to an empty
-document). ``text.py`` packs these documents into rows like every other corpus.
+document). ``document_rows.py`` packs these documents into rows like every other corpus.
 """
 
 from __future__ import annotations
@@ -24,9 +24,10 @@ from collections.abc import Sequence
 import numpy as np
 
 from seqmodels.config import DataConfig
-from seqmodels.data.corpus import DataError, glob_root, require_path
+from seqmodels.data.document_files import glob_root
+from seqmodels.data.document_rows import corpus_source, require_path
+from seqmodels.data.errors import DataError
 from seqmodels.data.sources import register_source
-from seqmodels.data.text import corpus_source
 
 
 def _matching_files(cfg: DataConfig) -> tuple[list[str], str]:
@@ -38,7 +39,12 @@ def _matching_files(cfg: DataConfig) -> tuple[list[str], str]:
 
 
 class RowDocuments(Sequence):
-    """Documents that are rows of record files; ``docs[i]`` reads row ``rows[i]`` of the files (global index)."""
+    """Documents that are rows of record files; ``docs[i]`` reads row ``rows[i]`` of the files (global index).
+
+    ``num_bytes`` counts the files on disk (``bytes_counted = "files"``).
+    """
+
+    bytes_counted = "files"
 
     def __init__(self, reader, rows: Sequence[int], origin: str):
         self.reader = reader  # JsonlReader | ParquetReader over every file

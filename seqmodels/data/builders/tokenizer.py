@@ -1,6 +1,6 @@
 """Training a byte-level BPE tokenizer with the ``tokenizers`` library.
 
-    python -m seqmodels.data.tokenizers train --input data/debdocs --vocab-size 16384 --out tokenizers/debdocs-16k
+    python -m seqmodels.data.builders.tokenizer train --input data/debdocs --vocab-size 16384 --out tokenizers/debdocs-16k
 
 Model: GPT-2's byte-level BPE. Text is split by the ``ByteLevel`` pre-tokenizer (GPT-2's regex,
 no prefix space) into words whose UTF-8 bytes map to 256 printable characters; the trainer starts
@@ -18,54 +18,25 @@ Output directory (read by ``data.tokenizer: hf:DIR`` through ``seqmodels.hf.load
 document is framed ``<|endoftext|> ... <|endoftext|>``, as GPT-2 was trained) and ``training.json``
 (inputs with sha256, options, the library version).
 
-Inputs (``--input``): a corpus directory of ``python -m seqmodels.data.corpora`` (its
-``train.jsonl`` only: validation and test text never shapes the vocabulary), a ``.jsonl`` file
-(field ``--text-field``), or a glob of text files (one document each).
+Inputs (``--input``, ``files.input_files``): a corpus directory of
+``python -m seqmodels.data.builders.corpora`` (its ``train.jsonl`` only: validation and test text
+never shapes the vocabulary), a ``.jsonl`` file (field ``--text-field``), or a glob of text files
+(one document each).
 """
 
 from __future__ import annotations
 
-import glob
+import argparse
 import json
 import os
-from collections.abc import Iterator, Sequence
+import sys
+import time
+from collections.abc import Sequence
 
-from seqmodels.data.corpus import file_sha256
+from seqmodels.data.builders.files import file_sha256, input_files, iter_texts
 
 END_OF_TEXT = "<|endoftext|>"
 _OUTPUT_FILES = ("tokenizer.json", "tokenizer_config.json", "training.json")
-
-
-def input_files(spec: str) -> list[str]:
-    """The files ``--input`` names (module docstring), sorted; ``ValueError`` when there are none."""
-    if os.path.isdir(spec):
-        train = os.path.join(spec, "train.jsonl")
-        if not os.path.isfile(train):
-            raise ValueError(f"--input {spec!r} is a directory without train.jsonl (build one with "
-                             "`python -m seqmodels.data.corpora debdocs --out DIR`), or pass a file / glob")
-        return [train]
-    files = sorted(p for p in glob.glob(os.path.expanduser(spec), recursive=True) if os.path.isfile(p))
-    if not files:
-        raise ValueError(f"--input {spec!r}: no such directory, and no file matches it as a glob")
-    return files
-
-
-def iter_texts(files: Sequence[str], text_field: str = "text") -> Iterator[str]:
-    """Each document's text: a JSON line's ``text_field`` (``.jsonl`` files), else a whole file."""
-    for path in files:
-        if path.endswith(".jsonl"):
-            with open(path, encoding="utf-8") as handle:
-                for number, line in enumerate(handle, 1):
-                    if not line.strip():
-                        continue
-                    record = json.loads(line)
-                    if not isinstance(record, dict) or not isinstance(record.get(text_field), str):
-                        raise ValueError(f"{path}:{number}: no string field {text_field!r} "
-                                         f"(set --text-field to the field holding the text)")
-                    yield record[text_field]
-        else:
-            with open(path, encoding="utf-8", errors="replace") as handle:
-                yield handle.read()
 
 
 def train_bpe(input_spec: str, vocab_size: int, out: str, *, min_frequency: int = 2,
@@ -104,3 +75,31 @@ def _write_json(path: str, value: dict) -> None:
     with open(path, "w", encoding="utf-8") as handle:
         json.dump(value, handle, indent=2, sort_keys=True)
         handle.write("\n")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m seqmodels.data.builders.tokenizer train --input IN --vocab-size N --out DIR``."""
+    parser = argparse.ArgumentParser(prog="python -m seqmodels.data.builders.tokenizer")
+    commands = parser.add_subparsers(dest="command", required=True)
+    train = commands.add_parser("train", help="train a byte-level BPE tokenizer (tokenizer.json)",
+                                description=__doc__.split("\n\n")[0])
+    train.add_argument("--input", required=True, help="a corpus directory (its train.jsonl), a .jsonl file or a glob")
+    train.add_argument("--vocab-size", type=int, required=True)
+    train.add_argument("--out", required=True, help="directory for tokenizer.json (then data.tokenizer=hf:DIR)")
+    train.add_argument("--min-frequency", type=int, default=2)
+    train.add_argument("--text-field", default="text", help="the JSON field holding the text (.jsonl inputs)")
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    try:
+        out = train_bpe(args.input, args.vocab_size, args.out, min_frequency=args.min_frequency,
+                        text_field=args.text_field)
+    except (ValueError, FileExistsError, OSError) as error:
+        print(f"tokenizers: {error}", file=sys.stderr)
+        return 2
+    print(f"tokenizers: wrote {out}/tokenizer.json in {time.perf_counter() - start:.0f} s; "
+          f"train with data.tokenizer=hf:{out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,7 +1,7 @@
 """Membership tests for the context-free languages of the recognition suite.
 
 Each recogniser is the plain textbook check, written to be obviously right rather than fast; the
-generators in ``seqmodels.data.cfl`` label every string they produce with these functions.
+generators in ``languages.py`` label every string they produce with these functions.
 
 - ``dyck1`` over ``()``, ``dyck2`` over ``()[]``: balanced and properly nested brackets;
 - ``marked_palindrome`` over ``ab#``: ``w # reverse(w)`` with ``w`` in ``{a, b}*``;

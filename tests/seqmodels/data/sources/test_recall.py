@@ -7,7 +7,7 @@ from seqmodels.config import ConfigError, DataConfig, SyntheticConfig
 from seqmodels.config_io import load_config
 from seqmodels.data import make_eval_batches, make_train_dataset
 from seqmodels.data.pipeline import describe_source, required_vocab_size
-from seqmodels.data.synthetic import BLANK_ID, BOS_ID, SEP_ID
+from seqmodels.data.sources.recall import BLANK_ID, BOS_ID, SEP_ID
 
 SETTINGS = SyntheticConfig(vocab_size=40, num_pairs=5, num_queries=3, num_copy_tokens=6)
 

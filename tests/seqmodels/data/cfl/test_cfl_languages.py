@@ -7,8 +7,8 @@ from collections import Counter
 import pytest
 
 from seqmodels.config import CFL_LANGUAGES
-from seqmodels.data.cfl import LANGUAGES, formula_counts, nearest_valid_length, sample, valid_lengths
-from seqmodels.data.cfl_recognisers import RECOGNISERS, evaluate_bfvp
+from seqmodels.data.cfl.languages import LANGUAGES, formula_counts, nearest_valid_length, sample, valid_lengths
+from seqmodels.data.cfl.recognisers import RECOGNISERS, evaluate_bfvp
 
 
 # ---- independent definitions: the members of each language at length n, built from its grammar ----

@@ -2,7 +2,7 @@
 
 ``sample(language, num, length, seed) -> [(string, label), ...]`` returns ``num`` strings of exactly
 ``length`` symbols, ``num - num // 2`` of them in the language, in an order shuffled by ``seed``;
-every label is computed by the language's recogniser (``seqmodels.data.cfl_recognisers``).
+every label is computed by the language's recogniser (``recognisers.py``).
 
 Positives are drawn uniformly (or close to it) among the members of that length:
 
@@ -30,7 +30,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from seqmodels.data.cfl_recognisers import RECOGNISERS, evaluate_bfvp
+from seqmodels.data.cfl.recognisers import RECOGNISERS, evaluate_bfvp
 
 
 @dataclass(frozen=True)

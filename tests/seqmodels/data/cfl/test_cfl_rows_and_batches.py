@@ -6,10 +6,10 @@ import pytest
 from seqmodels.config import ConfigError, DataConfig
 from seqmodels.config_io import load_config
 from seqmodels.data import FIELDS, make_eval_batches, make_train_dataset
-from seqmodels.data.cfl import LANGUAGES
-from seqmodels.data.cfl_pipeline import (ACCEPT_ID, CLS_ID, REJECT_ID, VOCAB_SIZE, decode, encode,
-                                         evaluation_set, length_buckets)
-from seqmodels.data.cfl_recognisers import RECOGNISERS
+from seqmodels.data.cfl.batches import length_buckets
+from seqmodels.data.cfl.languages import LANGUAGES
+from seqmodels.data.cfl.recognisers import RECOGNISERS
+from seqmodels.data.cfl.rows import ACCEPT_ID, CLS_ID, REJECT_ID, VOCAB_SIZE, decode, encode, evaluation_set
 from seqmodels.data.pipeline import describe_source, required_vocab_size
 from seqmodels.evaluation.cfl import labels_of
 

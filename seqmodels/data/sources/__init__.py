@@ -1,15 +1,16 @@
 """The data-source registry: ``data.source`` name -> how to make its batches, its vocabulary, its log line.
 
-Each source registers itself beside its code (``register_source("mqar", DataSource(...))`` at the end
-of its module); ``seqmodels.data.pipeline`` looks the configured one up. Importing ``seqmodels.data``
-imports every source module, so every source is registered. A new source is one
-new module that registers itself, plus its import in ``seqmodels/data/__init__.py``::
+Each module of this package registers its sources beside their code
+(``register_source("mqar", DataSource(...))`` at its end); ``seqmodels.data.pipeline`` looks the
+configured one up. The registry imports every module of this package the first time it is used (a
+lookup, a listing, or a registration from outside), so a new source is one new module here::
 
-    text.py          stdlib, text_files, arrayrecord   (document corpora: corpus.py lists the documents)
-    records.py       jsonl, parquet                    (a document per record's data.text_field)
-    token_shards.py  token_ids                         (ArrayRecord shards of token ids, prepare --tokenizer)
-    synthetic.py     mqar, selective_copy, needle      (generated examples)
-    cfl_pipeline.py  cfl                               (context-free-language recognition)
+    text_documents.py  stdlib, text_files, arrayrecord   (a document per file or per shard record)
+    record_files.py    jsonl, parquet                    (a document per record's data.text_field)
+    token_ids.py       token_ids                         (ArrayRecord shards of token ids, prepare --tokenizer)
+    recall.py          mqar, selective_copy              (generated recall examples, data.synthetic)
+    needle.py          needle                            (a needle in generated filler text)
+    cfl.py             cfl                               (context-free-language recognition, seqmodels.data.cfl)
 
 Every batch, training or evaluation, is ``{inputs, targets, segment_ids, positions: int32, loss_mask:
 float32}`` with every array ``[batch_size, row_length]`` (``packing.FIELDS``); ``row_length`` is
@@ -19,6 +20,8 @@ float32}`` with every array ``[batch_size, row_length]`` (``packing.FIELDS``); `
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import pkgutil
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -54,7 +57,7 @@ class DataSource:
     id is below it). ``describe(cfg)``: one line for the training log. ``check(cfg)``: raise
     ``ConfigError`` naming the key when the configuration cannot work for this source (the pipeline
     calls it before each of the others). ``documents(cfg) -> (documents, location)``: a document
-    corpus's documents (``corpus.load_documents``), None for generated sources.
+    corpus's documents (``document_split.Documents``), None for generated sources.
     """
 
     train: TrainBatches
@@ -66,12 +69,32 @@ class DataSource:
 
 
 _SOURCES: dict[str, DataSource] = {}
+_discovery = "pending"  # "running" while this package's modules are imported, then "done"
+
+
+def _discover() -> None:
+    """Import every module of this package once (each registers its sources); a failed import is retried."""
+    global _discovery
+    if _discovery != "pending":
+        return
+    _discovery = "running"
+    try:
+        for module in sorted(info.name for info in pkgutil.iter_modules(__path__)):
+            importlib.import_module(f"{__name__}.{module}")
+    except BaseException:
+        _discovery = "pending"
+        raise
+    _discovery = "done"
 
 
 def register_source(name: str, source: DataSource) -> None:
-    """Make ``source`` the one ``data.source=name`` picks; a name can be registered once."""
+    """Make ``source`` the one ``data.source=name`` picks; a name can be registered once.
+
+    The sources of this package are registered first, so a name they use is refused here.
+    """
     if not isinstance(source, DataSource):
         raise TypeError(f"data source {name!r} must be a DataSource, got {type(source).__name__}")
+    _discover()
     if name in _SOURCES:
         raise ValueError(f"data source {name!r} is registered twice")
     _SOURCES[name] = source
@@ -79,11 +102,13 @@ def register_source(name: str, source: DataSource) -> None:
 
 def source_names() -> tuple[str, ...]:
     """The registered names, sorted."""
+    _discover()
     return tuple(sorted(_SOURCES))
 
 
 def get_source(name: str) -> DataSource:
     """The source registered as ``name``; ``ConfigError`` naming the known ones when there is none."""
+    _discover()
     if name not in _SOURCES:
         raise ConfigError(f"data.source: unknown source {name!r}; known sources: {', '.join(source_names())}")
     return _SOURCES[name]

@@ -1,97 +1,36 @@
-"""ArrayRecord shards of token ids: written by ``python -m seqmodels.data.prepare --tokenizer``, read by
-``data.source=token_ids``.
+"""Documents of token ids in ArrayRecord shards: the source ``token_ids``.
 
-Writing (``write_token_shards``): each input document (a text file, or a ``.jsonl`` line's
-``--text-field``) becomes one record: its token ids under the tokenizer (no BOS/EOS; the pipeline
-frames documents as every corpus does) as little-endian ``uint16`` when the vocabulary fits, else
-``int32``. Shard ``k`` of ``N`` holds a contiguous run of the documents in input order; the shards
-are tokenized and written by ``workers`` processes in parallel. ``tokens.json`` beside them records
-the tokenizer (its name and the sha256 of its ``tokenizer.json``), the dtype, and per shard its
-documents and tokens.
+The shards are written by ``python -m seqmodels.data.builders.prepare --tokenizer``
+(``builders/token_shards.py``): one record per document, its token ids as ``uint16`` or ``int32``,
+``tokens.json`` beside them naming the tokenizer and the dtype (``seqmodels.data.shards``).
 
-Reading (``data.source=token_ids``, ``data.path`` = the shards' glob): training process ``p`` of
-``n`` reads the shards ``p, p + n, p + 2n, ...`` of the sorted list (so there must be at least ``n``
-shards), shuffles their documents by ``data.seed`` every epoch, frames and packs them like the text
-corpora. Held out: the shards of ``data.heldout_path``, or else the hash split of ``corpus.py`` over
-record identities ``<shard name>:<record>``, applied before the shards are divided among processes.
-The configured ``data.tokenizer`` must be the one the shards were written with (``ConfigError``).
+Reading (``data.path`` = the shards' glob): training process ``p`` of ``n`` reads the shards
+``p, p + n, p + 2n, ...`` of the sorted list (so there must be at least ``n`` shards), shuffles their
+documents by ``data.seed`` every epoch, frames and packs them like the text corpora
+(``document_rows.py``). Held out: the shards of ``data.heldout_path``, or else the hash split of
+``document_split.py`` over record identities ``<shard name>:<record>``, applied before the shards are
+divided among processes. The configured ``data.tokenizer`` must be the one the shards were written
+with (``ConfigError``).
 """
 
 from __future__ import annotations
 
 import glob
-import hashlib
 import json
-import multiprocessing
 import os
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
 
 import grain
 import numpy as np
 
 from seqmodels.config import ConfigError, DataConfig
-from seqmodels.data.corpus import DataError, split_indices
+from seqmodels.data.document_rows import DOCUMENT_READ_OPTIONS, FrameIds, shuffle_seed, tokenizer_vocab_size
+from seqmodels.data.document_split import split_indices
+from seqmodels.data.errors import DataError
 from seqmodels.data.packing import heldout_batches, pack_and_batch
+from seqmodels.data.shards import TOKEN_METADATA, tokenizer_fingerprint
 from seqmodels.data.sources import DataSource, register_source
 from seqmodels.data.tokenizers import get_tokenizer
-
-METADATA = "tokens.json"
-_WRITER_OPTIONS = "group_size:1"
-
-
-def tokenizer_fingerprint(name: str) -> str:
-    """sha256 of the tokenizer's ``tokenizer.json`` (``hf:DIR``), or the name itself for built-in tokenizers."""
-    if name.startswith("hf:"):
-        with open(os.path.join(name[3:], "tokenizer.json"), "rb") as handle:
-            return hashlib.sha256(handle.read()).hexdigest()
-    return name
-
-
-def _write_shard(job: tuple) -> dict:
-    from array_record.python.array_record_module import ArrayRecordWriter
-
-    path, texts, tokenizer_name, dtype = job
-    tokenizer = get_tokenizer(tokenizer_name)
-    writer = ArrayRecordWriter(path, _WRITER_OPTIONS)
-    tokens = 0
-    for text in texts:
-        ids = np.asarray(tokenizer.encode(text), dtype=np.int64)
-        writer.write(ids.astype(dtype).tobytes())
-        tokens += ids.size
-    writer.close()
-    return {"path": os.path.basename(path), "documents": len(texts), "tokens": tokens}
-
-
-def write_token_shards(texts: Sequence[str], output_dir: str, num_shards: int, tokenizer_name: str, *,
-                       prefix: str = "tokens", workers: int = 1) -> dict:
-    """Tokenize ``texts`` into ``num_shards`` shards in ``output_dir`` by ``workers`` processes; return the metadata."""
-    from seqmodels.data.prepare import SHARD_SUFFIX, shard_paths
-
-    if not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"--workers must be an int >= 1, got {workers!r}")
-    tokenizer = get_tokenizer(tokenizer_name)
-    dtype = "<u2" if tokenizer.vocab_size <= 1 << 16 else "<i4"
-    os.makedirs(output_dir, exist_ok=True)
-    taken = os.path.exists(os.path.join(output_dir, METADATA))
-    if taken or any(f.endswith(SHARD_SUFFIX) for f in os.listdir(output_dir)):
-        raise ValueError(f"--output {output_dir!r} already holds shards; choose an empty directory so that old "
-                         "shards do not mix with new ones")
-    paths = shard_paths(output_dir, num_shards, prefix)
-    bounds = np.linspace(0, len(texts), num_shards + 1).round().astype(int)
-    jobs = [(path, list(texts[a:b]), tokenizer_name, dtype) for path, a, b in zip(paths, bounds[:-1], bounds[1:])]
-    if workers == 1:
-        shards = [_write_shard(job) for job in jobs]
-    else:
-        # spawn, not fork: the parent may hold JAX / grain threads, which fork would copy mid-flight
-        with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-            shards = list(pool.map(_write_shard, jobs))
-    metadata = {"tokenizer": tokenizer_name, "tokenizer_sha256": tokenizer_fingerprint(tokenizer_name),
-                "vocab_size": tokenizer.vocab_size, "dtype": dtype, "shards": shards,
-                "documents": sum(s["documents"] for s in shards), "tokens": sum(s["tokens"] for s in shards)}
-    with open(os.path.join(output_dir, METADATA), "w") as handle:
-        json.dump(metadata, handle, indent=2)
-    return metadata
 
 
 class TokenShardDocuments(Sequence):
@@ -118,7 +57,7 @@ def _shards(pattern: str, key: str) -> list[str]:
     shards = sorted(p for p in glob.glob(os.path.expanduser(pattern)) if os.path.isfile(p))
     if not shards:
         raise DataError(f"{key}={pattern!r} (data.source='token_ids'): no shard matches this glob; write shards "
-                        "with `python -m seqmodels.data.prepare --tokenizer ...`")
+                        "with `python -m seqmodels.data.builders.prepare --tokenizer ...`")
     return shards
 
 
@@ -126,10 +65,10 @@ def _metadata(shards: Sequence[str], cfg: DataConfig, key: str) -> dict:
     directories = sorted({os.path.dirname(s) for s in shards})
     found = []
     for directory in directories:
-        path = os.path.join(directory, METADATA)
+        path = os.path.join(directory, TOKEN_METADATA)
         if not os.path.isfile(path):
-            raise DataError(f"{key}: {directory} has no {METADATA}; these are not token-id shards of "
-                            "`python -m seqmodels.data.prepare --tokenizer`")
+            raise DataError(f"{key}: {directory} has no {TOKEN_METADATA}; these are not token-id shards of "
+                            "`python -m seqmodels.data.builders.prepare --tokenizer`")
         with open(path) as handle:
             found.append(json.load(handle))
     for metadata in found:
@@ -180,26 +119,12 @@ def token_documents(cfg: DataConfig, *, process_index: int = 0, process_count: i
     return mine, heldout
 
 
-class FrameIds:
-    """ids -> ``{"tokens": [open] + ids + [close], "loss_mask": [0, 1, ..., 1]}`` (as ``text.FrameDocument``)."""
-
-    def __init__(self, opening: int, closing: int):
-        self.opening, self.closing = opening, closing
-
-    def __call__(self, ids: np.ndarray) -> dict[str, np.ndarray]:
-        tokens = np.concatenate([[self.opening], ids, [self.closing]]).astype(np.int32)
-        loss_mask = np.ones(tokens.size, np.float32)
-        loss_mask[0] = 0.0
-        return {"tokens": tokens, "loss_mask": loss_mask}
-
-
 def token_ids_train(cfg: DataConfig, *, batch_size: int, process_index: int, process_count: int) -> grain.IterDataset:
-    from seqmodels.data.text import _READ_OPTIONS, shuffle_seed
-
     mine, _ = token_documents(cfg, process_index=process_index, process_count=process_count)
     stream = grain.MapDataset.source(mine).shuffle(seed=shuffle_seed(cfg.seed)).repeat(None)
     stream = stream.map(FrameIds(*get_tokenizer(cfg.tokenizer).document_ids()))
-    return pack_and_batch(stream.to_iter_dataset(_READ_OPTIONS), seq_len=cfg.seq_len, batch_size=batch_size)
+    return pack_and_batch(stream.to_iter_dataset(DOCUMENT_READ_OPTIONS), seq_len=cfg.seq_len,
+                          batch_size=batch_size)
 
 
 def token_ids_eval(cfg: DataConfig, *, batch_size: int, max_batches: int) -> list[dict]:
@@ -222,6 +147,5 @@ def _check(cfg: DataConfig) -> None:
         raise ConfigError("data.path: data.source=token_ids needs data.path (a glob of token-id shards)")
 
 
-register_source("token_ids", DataSource(train=token_ids_train, eval=token_ids_eval,
-                                        vocab_size=lambda cfg: get_tokenizer(cfg.tokenizer).vocab_size,
+register_source("token_ids", DataSource(train=token_ids_train, eval=token_ids_eval, vocab_size=tokenizer_vocab_size,
                                         describe=_describe, check=_check))

@@ -6,7 +6,7 @@ import pytest
 from seqmodels.config import ConfigError, ModelConfig
 from seqmodels.config_io import load_config
 from seqmodels.data.pipeline import make_train_dataset
-from seqmodels.data.synthetic import make_needle_example, needle_eval_examples
+from seqmodels.data.sources.needle import make_needle_example, needle_eval_examples
 from seqmodels.data.tokenizers import BOS_ID, ByteTokenizer
 from seqmodels.evaluation.needle import needle_accuracy
 from seqmodels.models import build_model, generate

@@ -11,9 +11,9 @@ Packages (``PACKAGES``; a name given as a regex is resolved to the newest matchi
 * ``fortunes``, ``fortunes-min``: one document per fortune (``cleaning.split_fortunes``).
 
 A document is named ``<corpus part>/<path or headword>[#k]``; names are unique. Split: with
-``u = blake2b(name) / 2**64`` (``corpus.heldout_scores``), a document is ``validation`` if
-``u < validation_fraction``, ``test`` if ``u < validation_fraction + test_fraction``, else
-``train``: a document's split depends on its name only, not on which other documents exist or on
+``u = blake2b(name) / 2**64`` (``seqmodels.data.document_split.heldout_scores``), a document is
+``validation`` if ``u < validation_fraction``, ``test`` if ``u < validation_fraction + test_fraction``,
+else ``train``: a document's split depends on its name only, not on which other documents exist or on
 their order. Output (``write_corpus``): ``train.jsonl``, ``validation.jsonl``, ``test.jsonl``
 (one ``{"name", "package", "text"}`` object a line, in package then file order) and
 ``manifest.json`` (packages with versions and sha256 of each ``.deb``, document counts, the split
@@ -30,8 +30,9 @@ import os
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
-from seqmodels.data.corpora import cleaning, deb
-from seqmodels.data.corpus import file_sha256, heldout_scores
+from seqmodels.data.builders.corpora import cleaning, deb
+from seqmodels.data.builders.files import file_sha256
+from seqmodels.data.document_split import heldout_scores
 
 SPLITS = ("train", "validation", "test")
 MANIFEST = "manifest.json"
@@ -188,7 +189,7 @@ def package_parts(debs_dir: str) -> Iterator[tuple[dict, Iterator[tuple[str, str
 
 def build_debdocs(out: str, *, debs_dir: str | None = None, validation_fraction: float = 0.01,
                   test_fraction: float = 0.01) -> dict:
-    """``python -m seqmodels.data.corpora debdocs --out DIR``: fetch, clean, split, write; return the manifest."""
+    """``python -m seqmodels.data.builders.corpora debdocs --out DIR``: fetch, clean, split, write; return the manifest."""
     check_output_dir(out)
     debs_dir = debs_dir or os.path.join(out, "debs")
     return write_corpus(out, package_parts(debs_dir), validation_fraction=validation_fraction,

@@ -1,4 +1,4 @@
-"""python -m seqmodels.data.prepare --tokenizer: token-id shards, read back by data.source=token_ids."""
+"""python -m seqmodels.data.builders.prepare --tokenizer: token-id shards, read back by data.source=token_ids."""
 
 import json
 
@@ -7,8 +7,8 @@ import pytest
 
 from seqmodels.config import ConfigError, DataConfig
 from seqmodels.data import DataError, make_eval_batches, make_train_dataset
-from seqmodels.data.prepare import main as prepare_main
-from seqmodels.data.token_shards import token_documents
+from seqmodels.data.builders.prepare import main as prepare_main
+from seqmodels.data.sources.token_ids import token_documents
 from seqmodels.data.tokenizers import ByteTokenizer
 
 TEXTS = [f"document {i}: " + "abc " * (i % 9 + 1) for i in range(40)]

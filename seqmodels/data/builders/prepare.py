@@ -1,7 +1,7 @@
 """Write documents into ArrayRecord shards: text for ``data.source=arrayrecord``, token ids for ``token_ids``.
 
-    python -m seqmodels.data.prepare --input 'corpus/**/*.txt' --output shards/ --shards 8
-    python -m seqmodels.data.prepare --input data/debdocs/train.jsonl --tokenizer hf:tokenizers/debdocs-16k \
+    python -m seqmodels.data.builders.prepare --input 'corpus/**/*.txt' --output shards/ --shards 8
+    python -m seqmodels.data.builders.prepare --input data/debdocs/train.jsonl --tokenizer hf:tokenizers/debdocs-16k \
         --output data/debdocs-16k/train --shards 8 --workers 2
 
 With ``--tokenizer`` the documents (text files, or the ``--text-field`` of each line of ``.jsonl``
@@ -25,16 +25,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from seqmodels.data.corpus import text_file_documents
-
-SHARD_SUFFIX = ".array_record"
-_WRITER_OPTIONS = "group_size:1"
-
-
-def shard_paths(output_dir: str, num_shards: int, prefix: str = "documents") -> list[str]:
-    """``<output_dir>/<prefix>-00000-of-0000N.array_record`` for each shard."""
-    return [os.path.join(output_dir, f"{prefix}-{k:05d}-of-{num_shards:05d}{SHARD_SUFFIX}")
-            for k in range(num_shards)]
+from seqmodels.data.builders.files import input_files, iter_texts
+from seqmodels.data.builders.token_shards import write_token_shards
+from seqmodels.data.document_files import text_file_documents
+from seqmodels.data.shards import SHARD_SUFFIX, WRITER_OPTIONS, shard_paths
 
 
 def prepare_shards(input_glob: str, output_dir: str, num_shards: int,
@@ -54,7 +48,7 @@ def prepare_shards(input_glob: str, output_dir: str, num_shards: int,
     paths = shard_paths(output_dir, num_shards, prefix)
     bounds = np.linspace(0, len(documents), num_shards + 1).round().astype(int)
     for path, start, stop in zip(paths, bounds[:-1], bounds[1:]):
-        writer = ArrayRecordWriter(path, _WRITER_OPTIONS)
+        writer = ArrayRecordWriter(path, WRITER_OPTIONS)
         for index in range(start, stop):
             writer.write(documents[index].encode("utf-8"))
         writer.close()
@@ -63,13 +57,11 @@ def prepare_shards(input_glob: str, output_dir: str, num_shards: int,
 
 def input_texts(input_glob: str, text_field: str) -> list[str]:
     """The documents of ``--input``: each ``.jsonl`` line's ``text_field``, each other file's whole text."""
-    from seqmodels.data.bpe import input_files, iter_texts
-
     return list(iter_texts(input_files(input_glob), text_field))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m seqmodels.data.prepare",
+    parser = argparse.ArgumentParser(prog="python -m seqmodels.data.builders.prepare",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--input", required=True, help="glob of text files ('**' recurses); quote it")
     parser.add_argument("--output", required=True, help="directory to write the shards into")
@@ -94,8 +86,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _prepare_tokens(args) -> int:
-    from seqmodels.data.token_shards import write_token_shards
-
     texts = input_texts(args.input, args.text_field)
     if not 1 <= args.shards <= max(1, len(texts)):
         raise ValueError(f"--shards must be in [1, {len(texts)}] (the number of documents), got {args.shards}")

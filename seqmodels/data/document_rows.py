@@ -1,18 +1,18 @@
-"""Document corpora as packed token rows: the sources ``stdlib``, ``text_files`` and ``arrayrecord``.
+"""Document corpora as packed token rows: what every document source (``text_documents.py``,
+``record_files.py``, ``token_ids.py`` under ``seqmodels.data.sources``) makes its batches with.
 
 Training::
 
-    train documents (corpus.load_documents)
+    train documents (document_split.load_documents)
       -> shuffle by data.seed, a new permutation each epoch, repeated forever    (MapDataset)
       -> global stream index i goes to process i % process_count                 (MapDataset slice)
-      -> tokenize: [BOS] + UTF-8 bytes + [EOS], loss on every token but BOS
+      -> tokenize: [BOS] + tokens + [EOS], loss on every token but BOS           (FrameDocument)
       -> pack into rows of seq_len + 1 tokens, documents continuing across rows  (packing.py)
       -> shift into inputs / targets, batch                                      (IterDataset)
 
 Evaluation packs the held-out documents the same way, in corpus order, one pass, no shuffle; the
-last batch is padded with all-zero rows. ``corpus.py`` lists and splits the documents of each
-corpus; a new corpus (jsonl, parquet, ...) is a function ``cfg -> (documents, location)`` registered
-with ``register_source(name, corpus_source(that_function))``.
+last batch is padded with all-zero rows. A new corpus is a function ``cfg -> (documents, location)``
+(``document_split.Documents``) registered with ``register_source(name, corpus_source(that_function))``.
 """
 
 from __future__ import annotations
@@ -24,16 +24,16 @@ from collections.abc import Callable
 import grain
 import numpy as np
 
-from seqmodels.config import DataConfig
-from seqmodels.data.corpus import (DataError, Documents, arrayrecord_corpus, load_documents, require_path,
-                                   stdlib_corpus, text_files_corpus)
+from seqmodels.config import ConfigError, DataConfig
+from seqmodels.data.document_split import Documents, load_documents
+from seqmodels.data.errors import DataError
 from seqmodels.data.packing import heldout_batches, pack_and_batch
-from seqmodels.data.sources import DataSource, no_check, register_source
+from seqmodels.data.sources import DataSource, no_check
 from seqmodels.data.tokenizers import ByteTokenizer, get_tokenizer
 
 # Documents are read and tokenized ahead of the packer by a few threads; one document fills tens of
 # rows on average, so a short buffer keeps the packer fed without reading far ahead.
-_READ_OPTIONS = grain.ReadOptions(num_threads=4, prefetch_buffer_size=16)
+DOCUMENT_READ_OPTIONS = grain.ReadOptions(num_threads=4, prefetch_buffer_size=16)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +46,19 @@ class FrameDocument:
         body = np.asarray(self.tokenizer.encode(text), np.int32)
         tokens = np.empty(body.size + 2, np.int32)
         (tokens[0], tokens[-1]), tokens[1:-1] = self.tokenizer.document_ids(), body
+        loss_mask = np.ones(tokens.size, np.float32)
+        loss_mask[0] = 0.0
+        return {"tokens": tokens, "loss_mask": loss_mask}
+
+
+class FrameIds:
+    """ids -> ``{"tokens": [open] + ids + [close], "loss_mask": [0, 1, ..., 1]}`` (as ``FrameDocument``)."""
+
+    def __init__(self, opening: int, closing: int):
+        self.opening, self.closing = opening, closing
+
+    def __call__(self, ids: np.ndarray) -> dict[str, np.ndarray]:
+        tokens = np.concatenate([[self.opening], ids, [self.closing]]).astype(np.int32)
         loss_mask = np.ones(tokens.size, np.float32)
         loss_mask[0] = 0.0
         return {"tokens": tokens, "loss_mask": loss_mask}
@@ -75,7 +88,8 @@ def text_train_dataset(cfg: DataConfig, *, batch_size: int, process_index: int =
     stream = train_document_stream(split.train, seed=cfg.seed, process_index=process_index,
                                    process_count=process_count)
     stream = stream.map(FrameDocument(get_tokenizer(cfg.tokenizer)))
-    return pack_and_batch(stream.to_iter_dataset(_READ_OPTIONS), seq_len=cfg.seq_len, batch_size=batch_size)
+    return pack_and_batch(stream.to_iter_dataset(DOCUMENT_READ_OPTIONS), seq_len=cfg.seq_len,
+                          batch_size=batch_size)
 
 
 def text_eval_batches(cfg: DataConfig, *, batch_size: int, max_batches: int) -> list[dict]:
@@ -86,8 +100,8 @@ def text_eval_batches(cfg: DataConfig, *, batch_size: int, max_batches: int) -> 
                         f"among the {len(split.train)} of data.source={cfg.source!r}; "
                         "use a corpus with at least two documents")
     stream = grain.MapDataset.source(split.heldout).map(FrameDocument(get_tokenizer(cfg.tokenizer)))
-    return heldout_batches(stream.to_iter_dataset(_READ_OPTIONS), seq_len=cfg.seq_len, batch_size=batch_size,
-                           max_batches=max_batches)
+    return heldout_batches(stream.to_iter_dataset(DOCUMENT_READ_OPTIONS), seq_len=cfg.seq_len,
+                           batch_size=batch_size, max_batches=max_batches)
 
 
 def tokenizer_vocab_size(cfg: DataConfig) -> int:
@@ -107,6 +121,7 @@ def corpus_source(documents: Callable[[DataConfig], tuple[Documents, str]],
                       describe=describe_corpus, check=check, documents=documents)
 
 
-register_source("stdlib", corpus_source(stdlib_corpus))
-register_source("text_files", corpus_source(text_files_corpus, check=require_path))
-register_source("arrayrecord", corpus_source(arrayrecord_corpus, check=require_path))
+def require_path(cfg: DataConfig) -> None:
+    """The check of the corpora read from ``data.path``."""
+    if not cfg.path:
+        raise ConfigError(f"data.path: data.source={cfg.source} needs data.path (a glob of files)")

@@ -1,4 +1,4 @@
-"""``python -m seqmodels.data.corpora debdocs --out data/debdocs [--debs DIR]``: build a text corpus."""
+"""``python -m seqmodels.data.builders.corpora debdocs --out data/debdocs [--debs DIR]``: build a text corpus."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import sys
 import time
 from collections.abc import Sequence
 
-from seqmodels.data.corpora import CORPORA
-from seqmodels.data.corpora.deb import AptError
+from seqmodels.data.builders.corpora import CORPORA
+from seqmodels.data.builders.corpora.deb import AptError
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m seqmodels.data.corpora", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m seqmodels.data.builders.corpora", description=__doc__)
     parser.add_argument("corpus", choices=sorted(CORPORA), help="which corpus to build")
     parser.add_argument("--out", required=True, help="directory to write train/validation/test.jsonl and manifest.json")
     parser.add_argument("--debs", default=None, help="directory of downloaded .deb files (default OUT/debs; reused)")
