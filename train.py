@@ -71,7 +71,8 @@ def _train(args, stop, train, usage_errors, diverged) -> int:
     from seqmodels.hf.base import explicit_model_keys, prepare_base, resolve_base
     try:
         prepare_base(args.config, args.overrides)  # a base to convert on first use may be the data's tokenizer
-        config = resolve_base(load_config(args.config, args.overrides), explicit_model_keys(args.config, args.overrides))
+        explicit = explicit_model_keys(args.config, args.overrides)  # what the user set, against the base's
+        config = resolve_base(load_config(args.config, args.overrides), explicit)
         summary = train(config, stop)
     except usage_errors as error:
         print(f"error: {error}", file=sys.stderr)

@@ -1,12 +1,12 @@
 """Each model kind (``model.kind``) declared once: what it builds, what a token costs, which parameters train,
 which checkpoint it starts from, which evaluation suites measure it and how it exports.
 
-    kind    builds       trains            starts from (its base)          eval suites              exports as
-    lm      LM           every parameter   model.init_from (hf:DIR)        perplexity, recall, cfl  SeqmodelsForCausalLM
-    looped  LoopedModel  every parameter   nothing                         cfl                      SeqmodelsLoopedFor-
-                                                                                                    SequenceClassification
-    ahn     AHNModel     its compressors   model.ahn.base (a Hugging Face  ahn                      SeqmodelsForCausalLM
-                                           or a run directory)
+    kind    builds       trains           starts from (its base)                 eval suites              exports as
+    lm      LM           every parameter  model.init_from (hf:DIR)               perplexity, recall, cfl  causal LM
+    looped  LoopedModel  every parameter  nothing                                cfl                      classifier
+    ahn     AHNModel     its compressors  model.ahn.base (Hugging Face or run)   ahn                      causal LM
+
+(the cfl suite also needs a run trained on ``data.source=cfl``: ``eval.py``).
 
 A base is a checkpoint that the formats floor reads (``seqmodels.hf.base``); the kind declares which key
 names it (``BaseCheckpoint.key``), how this model section takes the base's architecture (``adopt``: the

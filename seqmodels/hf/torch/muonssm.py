@@ -52,7 +52,7 @@ class MuonSSMGatedDeltaNet(_Momentum, DeltaNet):
             return DeltaNet.recurrence(self, q, k, scale[..., None] * v, beta, log_decay, cache)
         w = (scale * beta)[..., None] * v
         shape = (q.shape[0], self.heads, self.key_dim, self.value_dim)
-        state, momentum = cached_state(cache, "state", shape, q.device), cached_state(cache, "momentum", shape, q.device)
+        state, momentum = (cached_state(cache, name, shape, q.device) for name in ("state", "momentum"))
         decay_of_momentum, outputs = math.exp(math.log(self.gamma)), []
         for t in range(q.shape[1]):
             momentum = decay_of_momentum * momentum + k[:, t, :, :, None] * w[:, t, :, None, :]
@@ -102,7 +102,7 @@ class MuonSSMLongHorn(LongHorn):
         if self.gamma == 0:
             return LongHorn.recurrence(self, keep, written, k, cache)
         shape = (keep.shape[0], self.channels, self.state_dim)
-        state, velocity = cached_state(cache, "state", shape, keep.device), cached_state(cache, "velocity", shape, keep.device)
+        state, velocity = (cached_state(cache, name, shape, keep.device) for name in ("state", "velocity"))
         states = []
         for t in range(keep.shape[1]):
             velocity = self.gamma * velocity + written[:, t, :, None] * k[:, t, None, :]
