@@ -15,11 +15,11 @@ run's checkpoint (``export.py``). ``load_pretrained`` of either gives the export
 from __future__ import annotations
 
 import dataclasses
-import json
 import shutil
 from pathlib import Path
 
 from seqmodels.config import ModelConfig
+from seqmodels.hf.directory import write_json
 from seqmodels.hf.formats import FORMATS, export_format
 from seqmodels.hf.output_dir import check_new_directory, write_new_directory
 from seqmodels.hf.safetensors_io import MAX_SHARD_BYTES
@@ -51,7 +51,7 @@ def export_model(config: ModelConfig, params: dict, out_dir, *, dtype: str = "fl
     def write(staging: Path) -> None:
         checkpoint_format.write(staging, config, params, dtype=dtype, token_ids=ids, max_shard_bytes=max_shard_bytes)
         generation = {key: value for key, value in ids.items() if value is not None}
-        (staging / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+        write_json(staging / "generation_config.json", generation)
         for name in TOKENIZER_FILES if tokenizer is not None else ():
             if (tokenizer.directory / name).is_file():
                 shutil.copyfile(tokenizer.directory / name, staging / name)

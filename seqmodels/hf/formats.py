@@ -13,7 +13,6 @@ from (``model.init_from``, ``model.ahn.base``: ``seqmodels.hf.base``) all go thr
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Protocol
 
@@ -21,7 +20,7 @@ from flax import nnx
 
 from seqmodels.config import ModelConfig
 from seqmodels.hf import llama, remote_code
-from seqmodels.hf.directory import hf_directory
+from seqmodels.hf.directory import hf_directory, read_json
 from seqmodels.hf.errors import HFFormatError
 from seqmodels.models import abstract_model
 
@@ -47,16 +46,6 @@ class CheckpointFormat(Protocol):
 
 
 FORMATS: dict[str, CheckpointFormat] = {"llama": llama, "seqmodels": remote_code}  # in export preference order
-
-
-def read_json(path: Path) -> dict:
-    try:
-        value = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as error:
-        raise HFFormatError(f"{path}: not readable JSON ({error})") from None
-    if not isinstance(value, dict):
-        raise HFFormatError(f"{path}: expected a JSON object, got {type(value).__name__}")
-    return value
 
 
 def format_of(hf: dict, source: str) -> CheckpointFormat:

@@ -22,12 +22,12 @@ registry: ``smollm`` splits digits one by one before the GPT-2 regex).
 from __future__ import annotations
 
 import importlib.util
-import json
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
+from seqmodels.hf.directory import write_json
 from seqmodels.hf.errors import HFFormatError
 from seqmodels.hf.llama import write_files
 from seqmodels.hf.output_dir import check_new_directory, write_new_directory
@@ -210,9 +210,9 @@ def convert_gguf(gguf_path, out_dir) -> Path:
     def write(staging: Path) -> None:
         write_files(staging, config, tensors, max_shard_bytes=MAX_SHARD_BYTES)
         generation = {key: value for key, value in special_token_ids(metadata).items() if value is not None}
-        (staging / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+        write_json(staging / "generation_config.json", generation)
         tokenizer.save(str(staging / "tokenizer.json"))
         settings = tokenizer_config(metadata, config["max_position_embeddings"])
-        (staging / "tokenizer_config.json").write_text(json.dumps(settings, indent=2) + "\n")
+        write_json(staging / "tokenizer_config.json", settings)
 
     return write_new_directory(out_dir, write)

@@ -35,13 +35,13 @@ an export loads back bitwise.
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from flax import nnx
 
 from seqmodels.config import ConfigError, ModelConfig
+from seqmodels.hf.directory import write_json
 from seqmodels.hf.errors import HFFormatError
 from seqmodels.hf.safetensors_io import write_checkpoint
 from seqmodels.hf.tensor_rules import TensorRule, fill_params, tensors_of
@@ -262,7 +262,7 @@ def read_params(directory: Path, config: ModelConfig) -> dict:
 def write_files(directory: Path, hf_config: dict, tensors: dict, *, max_shard_bytes: int) -> None:
     """``model.safetensors`` (or shards and their index above ``max_shard_bytes``) and ``config.json``."""
     write_checkpoint(directory, tensors, max_shard_bytes=max_shard_bytes)
-    (directory / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
+    write_json(directory / "config.json", hf_config)
 
 
 def write(directory: Path, config: ModelConfig, params: dict, *, dtype: str, token_ids: dict,

@@ -31,13 +31,13 @@ its parameters bitwise. A new layer type with parameters of its own adds its ent
 from __future__ import annotations
 
 import dataclasses
-import json
 import shutil
 from pathlib import Path
 
 from flax import nnx
 
 from seqmodels.config import ConfigError, ModelConfig
+from seqmodels.hf.directory import write_json
 from seqmodels.hf.errors import HFFormatError
 from seqmodels.hf.safetensors_io import write_checkpoint
 from seqmodels.hf.tensor_rules import TensorRule, fill_params, tensors_of
@@ -144,7 +144,7 @@ def write(directory: Path, config: ModelConfig, params: dict, *, dtype: str, tok
     check_exportable(config)
     write_checkpoint(directory, tensors_of(params, torch_tensor_rules(config), dtype), max_shard_bytes=max_shard_bytes)
     hf_config = hf_config_from_model(config, torch_dtype=dtype, token_ids=token_ids)
-    (directory / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
+    write_json(directory / "config.json", hf_config)
     for name, source in exported_files().items():
         shutil.copyfile(source, directory / name)
 
