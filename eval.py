@@ -21,14 +21,40 @@ from pathlib import Path
 
 from seqmodels.config import ConfigError
 
-SUITES = ("perplexity", "recall", "cfl", "ahn")
+
+def _perplexity(model, config, args) -> dict:
+    from seqmodels.evaluation.perplexity import evaluate_perplexity
+    return {"perplexity": evaluate_perplexity(model, config, batch_size=args.batch_size,
+                                              max_batches=args.max_batches)}
+
+
+def _recall(model, config, args) -> dict:
+    from seqmodels.evaluation.recall import evaluate_recall
+    return {"recall": evaluate_recall(model, config, batch_size=args.batch_size, max_batches=args.max_batches)}
+
+
+def _cfl(model, config, args) -> dict:
+    from seqmodels.evaluation.cfl import evaluate_cfl
+    return {"cfl": evaluate_cfl(model, config.data.cfl.languages, args.lengths_list, num_examples=args.examples,
+                                seed=args.cfl_seed, batch_size=args.batch_size), "cfl_seed": args.cfl_seed}
+
+
+def _ahn(model, config, args) -> dict:
+    from seqmodels.evaluation.ahn import evaluate_ahn
+    return {"ahn": evaluate_ahn(model, config, window=args.ahn_window, multiples=args.ahn_multiples_list,
+                                batch_size=args.batch_size, max_batches=args.max_batches,
+                                retrieval_examples=args.needles)}
+
+
+# suite -> run(model, config, args) -> its entries of the results; suites run in this order
+SUITES = {"perplexity": _perplexity, "recall": _recall, "cfl": _cfl, "ahn": _ahn}
 
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run", required=True, help="run directory written by train.py")
     parser.add_argument("--step", type=int, help="checkpoint step (default: latest)")
-    parser.add_argument("--suites", default="perplexity", help=f"comma-separated, from {SUITES}")
+    parser.add_argument("--suites", default="perplexity", help=f"comma-separated, from {tuple(SUITES)}")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--max-batches", type=int, default=16)
     parser.add_argument("--lengths", default="16,32,48,64,96,128", help="cfl: string lengths to evaluate")
@@ -43,15 +69,9 @@ def parse_args(argv):
     return parser.parse_args(argv)
 
 
-# What a suite needs of the run it evaluates: (test on the run's config, what it needs, in words).
-SUITE_NEEDS = {
-    "perplexity": (lambda config: config.model.kind == "lm", "a language model (model.kind=lm)"),
-    "recall": (lambda config: config.model.kind == "lm", "a language model (model.kind=lm)"),
-    "ahn": (lambda config: config.model.kind == "ahn", "an AHN run (model.kind=ahn)"),
-    "cfl": (lambda config: config.data.source == "cfl", "a run trained on data.source=cfl (its accept/reject tokens)"),
-}
-# The suites that do fit a run, by what it is.
-SUITES_FOR = {"lm": "perplexity or recall", "looped": "cfl", "ahn": "ahn"}
+# What a suite needs of the run's data, beyond a model kind that lists it (seqmodels.models.kinds): (test, in words).
+DATA_NEEDS = {"cfl": (lambda config: config.data.source == "cfl",
+                      "a run trained on data.source=cfl (its accept/reject tokens)")}
 
 
 def check_args(args) -> tuple[list[str], list[int]]:
@@ -82,14 +102,25 @@ def check_args(args) -> tuple[list[str], list[int]]:
     return suites, lengths
 
 
+def _unmet_need(suite: str, config) -> str | None:
+    """What ``suite`` needs that the run lacks: a kind that lists it, then its data (None: it fits)."""
+    from seqmodels.models import kinds_measured_by, model_kind
+    if suite not in model_kind(config.model).suites:
+        return " or ".join(f"{kind.description} (model.kind={kind.name})" for kind in kinds_measured_by(suite))
+    fits, needs = DATA_NEEDS.get(suite, (lambda config: True, ""))
+    return None if fits(config) else needs
+
+
 def check_suites_fit(suites, config, run_dir) -> None:
+    """``ConfigError`` naming the first suite that cannot evaluate the run, what it needs and what fits."""
+    from seqmodels.models import model_kind
     for suite in suites:
-        fits, needs = SUITE_NEEDS[suite]
-        if not fits(config):
-            kind = config.model.kind
-            what = f"model.kind={kind}" + (", data.source=cfl" if config.data.source == "cfl" else "")
-            usable = "cfl" if config.data.source == "cfl" else SUITES_FOR.get(kind, "another suite")
-            raise ConfigError(f"suite {suite!r} needs {needs}; this run is {what}: use --suites {usable} ({run_dir})")
+        needs = _unmet_need(suite, config)
+        if needs is not None:
+            what = f"model.kind={config.model.kind}" + (", data.source=cfl" if config.data.source == "cfl" else "")
+            usable = " or ".join(s for s in model_kind(config.model).suites if _unmet_need(s, config) is None)
+            raise ConfigError(f"suite {suite!r} needs {needs}; this run is {what}: use --suites "
+                              f"{usable or 'another suite'} ({run_dir})")
 
 
 def write_results(results: dict, out: Path) -> None:
@@ -109,33 +140,18 @@ def write_results(results: dict, out: Path) -> None:
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     from seqmodels.data.errors import DataError
-    from seqmodels.evaluation.loading import load_run
-    from seqmodels.evaluation.perplexity import evaluate_perplexity
-    from seqmodels.training.checkpoint import CheckpointError
+    from seqmodels.runs.checkpoints import CheckpointError
+    from seqmodels.runs.load import load_run
     run_dir = Path(args.run)
     out = Path(args.out) if args.out else run_dir / "eval.json"
     try:
-        suites, lengths = check_args(args)
+        suites, args.lengths_list = check_args(args)
         config, model, step = load_run(run_dir, step=args.step)
         check_suites_fit(suites, config, run_dir)
         results = {"run": str(run_dir), "step": step}
-        if "perplexity" in suites:
-            results["perplexity"] = evaluate_perplexity(model, config, batch_size=args.batch_size,
-                                                        max_batches=args.max_batches)
-        if "recall" in suites:
-            from seqmodels.evaluation.recall import evaluate_recall
-            results["recall"] = evaluate_recall(model, config, batch_size=args.batch_size,
-                                                max_batches=args.max_batches)
-        if "cfl" in suites:
-            from seqmodels.evaluation.cfl import evaluate_cfl
-            results["cfl"] = evaluate_cfl(model, config.data.cfl.languages, lengths, num_examples=args.examples,
-                                          seed=args.cfl_seed, batch_size=args.batch_size)
-            results["cfl_seed"] = args.cfl_seed
-        if "ahn" in suites:
-            from seqmodels.evaluation.ahn import evaluate_ahn
-            results["ahn"] = evaluate_ahn(model, config, window=args.ahn_window, multiples=args.ahn_multiples_list,
-                                          batch_size=args.batch_size, max_batches=args.max_batches,
-                                          retrieval_examples=args.needles)
+        for name, run in SUITES.items():
+            if name in suites:
+                results.update(run(model, config, args))
         write_results(results, out)
     except (ConfigError, DataError, CheckpointError) as error:
         print(f"error: {error}", file=sys.stderr)

@@ -36,7 +36,7 @@ def main(argv=None) -> int:
     from seqmodels.config import ConfigError
     from seqmodels.hf.errors import HFFormatError
     from seqmodels.hf.export import export_run
-    from seqmodels.training.checkpoint import CheckpointError
+    from seqmodels.runs.checkpoints import CheckpointError
     try:
         out, step = export_run(args.run, args.out, step=args.step, dtype=args.dtype, force=args.force)
     except (HFFormatError, CheckpointError, ConfigError) as error:

@@ -53,7 +53,7 @@ def main(argv=None) -> int:
     stop = StopFlag()  # before the heavy imports: a signal during set-up or compilation stops cleanly too
     try:
         from seqmodels.data.errors import DataError
-        from seqmodels.training.checkpoint import CheckpointError
+        from seqmodels.runs.checkpoints import CheckpointError
         from seqmodels.training.loop import TrainingDiverged, train
         from seqmodels.training.run_dir import RunDirError
     except KeyboardInterrupt:
@@ -68,12 +68,11 @@ def main(argv=None) -> int:
 
 def _train(args, stop, train, usage_errors, diverged) -> int:
     from seqmodels.config_io import load_config
-    from seqmodels.hf.init_from import explicit_model_keys, resolve_init_from
-    from seqmodels.models.ahn_base import prepare_ahn_base, resolve_ahn_base
+    from seqmodels.hf.base import explicit_model_keys, prepare_base, resolve_base
     try:
-        prepare_ahn_base(args.config, args.overrides)
-        config = resolve_ahn_base(resolve_init_from(load_config(args.config, args.overrides),
-                                                    explicit_model_keys(args.config, args.overrides)))
+        prepare_base(args.config, args.overrides)  # a base to convert on first use may be the data's tokenizer
+        explicit = explicit_model_keys(args.config, args.overrides)  # what the user set, against the base's
+        config = resolve_base(load_config(args.config, args.overrides), explicit)
         summary = train(config, stop)
     except usage_errors as error:
         print(f"error: {error}", file=sys.stderr)

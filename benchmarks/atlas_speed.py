@@ -39,7 +39,8 @@ from pallas_kernels.atlas_memory.memory import orthogonalize
 from seqmodels.mixers.atlas import memory_layout
 from seqmodels.optim.build import build_optimizer
 from seqmodels.sharding import kernel_spec, make_mesh, param_logical_axes
-from seqmodels.training.state import abstract_model, count_params, init_train_state
+from seqmodels.models import abstract_model
+from seqmodels.training.state import count_params, init_train_state
 from seqmodels.training.step import make_train_step
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

@@ -33,7 +33,7 @@ def compile_seconds(mixer: str, layers: int, scanned: bool, batch: int, seq_len:
     from seqmodels.config import ModelConfig, OptimConfig
     from seqmodels.optim.build import build_optimizer
     from seqmodels.sharding import param_logical_axes
-    from seqmodels.training.state import abstract_model
+    from seqmodels.models import abstract_model
     from seqmodels.training.step import make_train_step
 
     config = ModelConfig(d_model=256, num_heads=4, vocab_size=256, mixers=(mixer,) * layers, max_seq_len=seq_len,

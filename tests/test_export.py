@@ -90,7 +90,7 @@ def test_export_py_writes_a_trained_run_that_loads_back_bitwise(tmp_path, capsys
     out = tmp_path / "hf"
     assert export_entry.main(["--run", str(run), "--out", str(out)]) == 0
     assert "exported step 3" in capsys.readouterr().out
-    from seqmodels.evaluation.loading import load_run
+    from seqmodels.runs.load import load_run
     _, model, _ = load_run(run)
     expected = nnx.to_pure_dict(nnx.state(model, nnx.Param))
     loaded = nnx.to_pure_dict(nnx.state(load_pretrained(out), nnx.Param))

@@ -33,12 +33,12 @@ from seqmodels.config_ahn import AHNConfig, DEFAULT_AHN_BASE
 from seqmodels.config_mixers import AttentionConfig
 from seqmodels.data.pipeline import make_train_dataset
 from seqmodels.evaluation.ahn import evaluate_ahn, markdown_table
+from seqmodels.hf.base import resolve_base, start_params
 from seqmodels.models import build_model
 from seqmodels.models.ahn import trainable_path
-from seqmodels.models.ahn_base import resolve_ahn_base, with_base_params
 from seqmodels.optim.build import build_optimizer
 from seqmodels.training.step import make_train_step
-from seqmodels.training.trainable import split_params
+from seqmodels.models.trainable import split_params
 
 COMPRESSORS = ("gated_deltanet", "deltanet", "mamba2")
 
@@ -66,7 +66,7 @@ def experiment_config(args, compressor: str) -> Config:
     tokenizer = args.tokenizer or f"hf:{args.base}"
     config = Config(model=ModelConfig(kind="ahn", ahn=ahn, attention=AttentionConfig()),
                     data=dataclasses.replace(Config().data, tokenizer=tokenizer, seq_len=args.seq_len))
-    return resolve_ahn_base(config)
+    return resolve_base(config)
 
 
 def training_rows(config: Config, count: int) -> list[dict]:
@@ -78,7 +78,7 @@ def training_rows(config: Config, count: int) -> list[dict]:
 def distil(config: Config, rows: list[dict], teacher: list, steps: int, learning_rate: float, log) -> tuple:
     model = build_model(config.model, seed=0)
     graphdef, state = nnx.split(model, nnx.Param)
-    params = with_base_params(config.model, nnx.to_pure_dict(state))
+    params = start_params(config.model, nnx.to_pure_dict(state))
     optim = dataclasses.replace(config.optim, learning_rate=learning_rate, warmup_steps=2, weight_decay=0.0)
     optimizer, schedule = build_optimizer(optim, steps)
     step_fn = jax.jit(make_train_step(graphdef, optimizer, schedule, trainable=trainable_path))
@@ -133,7 +133,7 @@ def main(argv=None) -> int:
     rows = training_rows(first, args.rows)
     teacher_model = build_model(first.model, seed=0)
     graphdef, state = nnx.split(teacher_model, nnx.Param)
-    teacher_model = nnx.merge(graphdef, with_base_params(first.model, nnx.to_pure_dict(state)))
+    teacher_model = nnx.merge(graphdef, start_params(first.model, nnx.to_pure_dict(state)))
     teacher_hidden = nnx.jit(lambda model, tokens: model.hidden(tokens))
     clock = time.perf_counter()
     teacher = [teacher_hidden(teacher_model, row["inputs"]) for row in rows]

@@ -90,7 +90,7 @@ def train_and_evaluate(args, name: str, languages: list[str]) -> dict:
     import shutil
 
     from seqmodels.evaluation.cfl import evaluate_cfl
-    from seqmodels.evaluation.loading import load_run
+    from seqmodels.runs.load import load_run
     from seqmodels.models.looped import parameter_count
     from seqmodels.training.loop import train
     config = variant_config(args, name, languages)

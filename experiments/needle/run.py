@@ -25,7 +25,7 @@ from pathlib import Path
 
 from seqmodels.config_io import load_config
 from seqmodels.data.sources.needle import needle_eval_examples
-from seqmodels.evaluation.loading import load_run
+from seqmodels.runs.load import load_run
 from seqmodels.evaluation.needle import needle_accuracy
 from seqmodels.training.loop import train
 

@@ -102,7 +102,7 @@ def run_overrides(args, mixer: str, seq_len: int, pairs: int, run_dir: Path) -> 
 
 def run_one(args, label: str, mixer: str, extra: list[str], seq_len: int, pairs: int) -> dict:
     from seqmodels.config_io import load_config
-    from seqmodels.evaluation.loading import load_run
+    from seqmodels.runs.load import load_run
     from seqmodels.evaluation.recall import evaluate_recall
     from seqmodels.training.loop import train
 

@@ -28,7 +28,7 @@ from flax import nnx
 from seqmodels.config import Config, ConfigError
 from seqmodels.data.pipeline import make_eval_batches
 from seqmodels.data.tokenizers import get_tokenizer
-from seqmodels.models import build_model
+from seqmodels.models import build_model, model_kind
 from seqmodels.models.ahn import ahn_flops_per_token
 from seqmodels.models.lm import lm_flops_per_token
 
@@ -148,7 +148,7 @@ def cost(model, config: Config, window: int) -> dict:
 def evaluate_ahn(model, config: Config, *, window: int | None = None, multiples=(2, 4, 8), batch_size: int = 1,
                  max_batches: int = 4, retrieval_examples: int = 16) -> dict:
     """The suite's JSON dict (module docstring)."""
-    if config.model.kind != "ahn":
+    if "ahn" not in model_kind(config.model).suites:
         raise ConfigError(f"the ahn suite needs an AHN run (model.kind=ahn), got model.kind={config.model.kind!r}")
     window = config.model.ahn.window if window is None else window
     lengths = [m * window for m in multiples]

@@ -41,16 +41,16 @@ def training_speed(run_dir: Path) -> dict:
 
 
 def evaluate_run(run_dir: Path, settings: dict, *, last_only: bool = False) -> dict:
-    from seqmodels.evaluation.loading import load_run
+    from seqmodels.runs.load import load_run
     from seqmodels.evaluation.perplexity import evaluate_perplexity
-    from seqmodels.training.checkpoint import Checkpointer
+    from seqmodels.runs.checkpoints import RunCheckpoints
 
     config, _, last = load_run(run_dir)
-    checkpointer = Checkpointer(run_dir, config.checkpoint, read_only=True)
+    checkpoints = RunCheckpoints(run_dir)
     try:
-        steps = [last] if last_only else sorted(checkpointer.manager.all_steps())
+        steps = [last] if last_only else checkpoints.steps()
     finally:
-        checkpointer.close()
+        checkpoints.close()
     tokens_per_step = config.train.batch_size * config.data.seq_len
     train_flops_per_token = 3.0 * flops_per_token(config.model, config.data.seq_len)
     curve, final = [], None
@@ -89,7 +89,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     from seqmodels.config import ConfigError
     from seqmodels.data.errors import DataError
-    from seqmodels.training.checkpoint import CheckpointError
+    from seqmodels.runs.checkpoints import CheckpointError
     try:
         results = evaluate_run(Path(args.run), json.loads(args.settings), last_only=args.last_only)
     except (ConfigError, DataError, CheckpointError, ValueError, OSError) as error:

@@ -200,9 +200,9 @@ def _budget(raw) -> dict:
 
 def _resolve_variant(name: str, raw, base: str, shared: dict, budget: dict, root: Path) -> Variant:
     from seqmodels.config_io import load_config
-    from seqmodels.models import flops_per_token
+    from seqmodels.models import abstract_model, flops_per_token
     from seqmodels.training.loop import validate
-    from seqmodels.training.state import abstract_model, count_params
+    from seqmodels.training.state import count_params
 
     where = f"variant {name!r}"
     raw = _mapping(raw, where)

@@ -51,7 +51,8 @@ def abstract_train_inputs(config, mesh):
 
     from seqmodels.optim.build import build_optimizer
     from seqmodels.sharding import logical_spec, param_logical_axes, param_shardings
-    from seqmodels.training.state import abstract_model, optimizer_state_shardings
+    from seqmodels.models import abstract_model
+    from seqmodels.training.state import optimizer_state_shardings
     from seqmodels.training.step import make_train_step
 
     graphdef, abstract_state = abstract_model(config.model, config.train.seed)

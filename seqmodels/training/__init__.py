@@ -1,2 +1,3 @@
-"""Train state, train step, loop, checkpoints and metrics. Knows models only through
-``seqmodels.models`` (build, ``loss``, ``flops_per_token``)."""
+"""Train state, train step, loop, checkpoints (written; ``seqmodels.runs`` reads them) and metrics. Knows
+models only through their kind (``seqmodels.models``: build, ``loss``, ``flops_per_token``, which parameters
+train) and a base's weights only through ``seqmodels.hf.base.start_params``; it names no kind."""

@@ -1,60 +1,33 @@
-"""orbax checkpoints holding the train state, the data-iterator state and the resolved config.
+"""orbax checkpoints written: the train state, the data-iterator state and the resolved config of each step.
 
-Layout: ``run_dir/checkpoints/<step>/{params, opt_state, meta, data, config}``. ``params`` is its
-own item so evaluation and export restore parameters alone. Saves are atomic (orbax writes to a
-temporary directory and renames) and, when ``checkpoint.async_save``, run in the background.
+Layout (``seqmodels.runs.checkpoints``, which reads it): ``run_dir/checkpoints/<step>/{params, opt_state,
+meta, data, config}``. Saves are atomic (orbax writes to a temporary directory and renames) and, when
+``checkpoint.async_save``, run in the background; old steps rotate out by ``checkpoint.keep`` /
+``keep_period``. A resume restores the whole train state and the data iterator in place.
 """
 
 from __future__ import annotations
 
 import contextlib
-from pathlib import Path
 
 import grain
 import jax
 import orbax.checkpoint as ocp
 
-from seqmodels.config import CheckpointConfig, ConfigError
-from seqmodels.config_io import config_from_dict, to_dict
+from seqmodels.config import CheckpointConfig
+from seqmodels.runs.checkpoints import CheckpointError, RunCheckpoints, read_only_options
 from seqmodels.training.checkpoint_check import set_aside
 
 
-class CheckpointError(ValueError):
-    """A checkpoint is missing, incomplete, of another architecture or settings, or cannot be written."""
-
-
-def saved_model_config(saved: dict) -> dict:
-    """The ``model`` section of a checkpoint's config dict, keys added since then filled with their defaults."""
-    return to_dict(config_from_dict(saved))["model"]
-
-
-def architecture_differences(saved: dict, current: dict, prefix: str = "model") -> list[str]:
-    """Dotted keys whose values differ between two ``model`` config dicts."""
-    keys = sorted(set(saved) | set(current))
-    diffs = []
-    for key in keys:
-        a, b = saved.get(key), current.get(key)
-        if isinstance(a, dict) and isinstance(b, dict):
-            diffs += architecture_differences(a, b, f"{prefix}.{key}")
-        elif a != b:
-            diffs.append(f"{prefix}.{key}: checkpoint has {a!r}, config has {b!r}")
-    return diffs
-
-
-class Checkpointer:
-    """The run's orbax ``CheckpointManager``; ``read_only=True`` (evaluation, export) never writes to the run."""
+class Checkpointer(RunCheckpoints):
+    """The run's orbax ``CheckpointManager`` for writing; ``read_only=True`` opens it as ``RunCheckpoints`` does."""
 
     def __init__(self, run_dir, config: CheckpointConfig, *, read_only: bool = False):
-        self.directory = Path(run_dir).absolute() / "checkpoints"
-        self.created_directory = not self.directory.exists()
-        rotation = {} if read_only else dict(max_to_keep=config.keep, keep_period=config.keep_period or None)
-        options = ocp.CheckpointManagerOptions(**rotation, create=not read_only, read_only=read_only,
-                                               enable_async_checkpointing=config.async_save and not read_only)
-        self.manager = ocp.CheckpointManager(self.directory, options=options)
+        options = read_only_options() if read_only else ocp.CheckpointManagerOptions(
+            max_to_keep=config.keep, keep_period=config.keep_period or None, create=True,
+            enable_async_checkpointing=config.async_save)
+        super().__init__(run_dir, options)
         self.last_saved: int | None = None
-
-    def latest_step(self) -> int | None:
-        return self.manager.latest_step()
 
     def save(self, step: int, state: dict, data_iterator, config_dict: dict) -> None:
         items = dict(params=ocp.args.StandardSave(state["params"]),
@@ -86,26 +59,6 @@ class Checkpointer:
                                   "space (or fix the directory's permissions) and run the same command to "
                                   "resume") from None
 
-    def read_config(self, step: int) -> dict:
-        return self.manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore())).config
-
-    def check_architecture(self, step: int, model_config_dict: dict) -> None:
-        """Raise ``CheckpointError`` listing every model key where the checkpoint differs.
-
-        Keys added to the config after the checkpoint was written take their defaults (which, by the
-        rule for adding a config key, reproduce the architecture as it was before the key existed).
-        """
-        try:
-            saved = saved_model_config(self.read_config(step))
-        except ConfigError as error:
-            raise CheckpointError(f"the checkpoint at step {step} in {self.directory} holds a config this "
-                                  f"version cannot read: {error}") from None
-        diffs = architecture_differences(saved, model_config_dict)
-        if diffs:
-            raise CheckpointError(
-                f"the checkpoint at step {step} in {self.directory} belongs to another architecture: "
-                + "; ".join(diffs) + ". Use another train.run_dir, or the model config it was trained with.")
-
     def check_process_count(self, step: int) -> None:
         """Raise ``CheckpointError`` unless the checkpoint's data position was saved by as many processes
         as run now: each process saved the position of its own share of the data, which another split
@@ -118,14 +71,6 @@ class Checkpointer:
                 f"this run has {jax.process_count()}: the data position of each process cannot be carried over "
                 f"to another number of processes. Resume with {min(saved)} process(es), or start a new "
                 "train.run_dir (its parameters can be loaded for evaluation on any number of devices).")
-
-    def restore_params(self, step: int, abstract_params):
-        """The parameters alone, on this process's first device whatever mesh saved them: a run trained on
-        many devices loads for evaluation or export on one (orbax would otherwise ask for the saving devices)."""
-        device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-        target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), abstract_params)
-        args = ocp.args.Composite(params=ocp.args.StandardRestore(target))
-        return self.manager.restore(step, args=args).params
 
     def restore(self, step: int, abstract_state: dict, data_iterator) -> dict:
         """Restore the train state (into ``abstract_state``'s shardings) and the data iterator in place."""

@@ -3,7 +3,9 @@
 Everything that can be wrong with the input (config, data source, vocabulary, batch layout, a run
 directory owned by another run, an existing checkpoint of another architecture or other settings)
 is checked before anything is written; a resume restores the newest complete checkpoint
-(``seqmodels.training.resume``) before the first write.
+(``seqmodels.training.resume``) before the first write, and a fresh start of a model whose kind starts
+from a checkpoint takes that checkpoint's weights (``seqmodels.hf.base.start_params``). The model is
+known only through its kind (``seqmodels.models``: build, FLOPs, which parameters train).
 Metrics of step s are read back after step s + 1 is dispatched, so the host never stalls the
 device except at checkpoints, where the step's loss is checked before its state is saved: a
 checkpoint never holds a state reached through a non-finite loss.
@@ -23,21 +25,23 @@ from jax.sharding import NamedSharding
 from seqmodels.config import Config, ConfigError
 from seqmodels.config_io import save_config, to_dict
 from seqmodels.data.pipeline import describe_source, make_train_dataset, required_vocab_size
+from seqmodels.hf.base import start_params
 from seqmodels.mixers import check_mixer_names
-from seqmodels.models import flops_per_token, trainable_filter
+from seqmodels.models import abstract_model, flops_per_token, trainable_filter
+from seqmodels.models.trainable import trainable_part
 from seqmodels.optim.build import build_optimizer
+from seqmodels.runs.checkpoints import CheckpointError
 from seqmodels.sharding import logical_spec, make_mesh, param_logical_axes
 from seqmodels.training.batches import data_shard, global_batch
-from seqmodels.training.checkpoint import Checkpointer, CheckpointError
-from seqmodels.training.guard import CollapseGuard
+from seqmodels.training.checkpoint import Checkpointer
 from seqmodels.training.flops import mfu, peak_flops_per_device
+from seqmodels.training.guard import CollapseGuard
 from seqmodels.training.metrics import MetricsLogger
 from seqmodels.training.resume import check_allow_changes, check_setting_changes, choose_step
 from seqmodels.training.run_dir import RunDirLock
-from seqmodels.training.stop import StopFlag
-from seqmodels.training.state import abstract_model, count_params, init_train_state
+from seqmodels.training.state import count_params, init_train_state
 from seqmodels.training.step import make_train_step
-from seqmodels.training.trainable import trainable_part
+from seqmodels.training.stop import StopFlag
 
 
 class TrainingDiverged(RuntimeError):
@@ -215,12 +219,8 @@ def _run(config: Config, mesh, iterator, checkpointer: Checkpointer, choice, inc
     start, notes = 0, []
     if choice is not None:
         state, start, notes = _restore_newest_complete(config, checkpointer, choice, incomplete, state, iterator)
-    elif config.model.init_from:
-        from seqmodels.hf.init_from import init_params
-        state = {**state, "params": init_params(config.model, shardings["params"])}
-    elif config.model.kind == "ahn":
-        from seqmodels.models.ahn_base import with_base_params
-        state = {**state, "params": with_base_params(config.model, state["params"], shardings["params"])}
+    else:  # a model that starts from a checkpoint (its kind's base) takes its weights now
+        state = {**state, "params": start_params(config.model, state["params"], shardings["params"])}
     if jax.process_index() == 0:
         save_config(config, Path(config.train.run_dir) / "config.yaml")  # the first write: the restore succeeded
     last_step = config.train.exit_at_step or config.train.steps

@@ -16,7 +16,7 @@ from __future__ import annotations
 from seqmodels.config import Config, ConfigError
 from seqmodels.config_io import all_keys, config_from_dict, to_dict
 from seqmodels.optim.schedules import learning_rate_schedule
-from seqmodels.training.checkpoint import CheckpointError
+from seqmodels.runs.checkpoints import CheckpointError
 
 # Keys (or sections, ending in '.') a resume may change without being asked: where the run lives, when
 # this process stops, how the collapse guard watches, how checkpoints are kept and how metrics are shown.

@@ -13,19 +13,9 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from seqmodels.config import ModelConfig
-from seqmodels.models import build_model
+from seqmodels.models import abstract_model, build_model
+from seqmodels.models.trainable import trainable_part
 from seqmodels.sharding import param_shardings
-from seqmodels.training.trainable import trainable_part
-
-
-def abstract_model(config: ModelConfig, seed: int = 0):
-    """``(graphdef, abstract nnx.State)`` of the model without allocating its parameters."""
-    model = nnx.eval_shape(lambda: build_model(config, seed=seed))
-    graphdef, state, rest = nnx.split(model, nnx.Param, ...)
-    if jax.tree.leaves(rest):
-        raise ValueError("models must hold only nnx.Param variables; found other state: "
-                         f"{list(nnx.to_flat_state(rest))[:3]}")
-    return graphdef, state
 
 
 def init_params(config: ModelConfig, seed: int, mesh: Mesh):

@@ -21,7 +21,7 @@ import optax
 from flax import nnx
 
 from seqmodels.training.diagnostics import loss_and_diagnostics
-from seqmodels.training.trainable import merge_params, split_params
+from seqmodels.models.trainable import merge_params, split_params
 
 
 def _split_microbatches(batch: dict, grad_accum: int) -> dict:

@@ -42,7 +42,7 @@ def logged_losses(run_dir) -> dict[int, float]:
 def final_params(run_dir, step=None):
     from flax import nnx
 
-    from seqmodels.evaluation.loading import load_run
+    from seqmodels.runs.load import load_run
     _, model, step = load_run(run_dir, step=step)
     return step, nnx.to_pure_dict(nnx.state(model, nnx.Param))
 

@@ -76,9 +76,9 @@ def test_every_config_file_in_configs_loads():
     # configs/sweeps/ holds sweep files of ablate.py, not run configs (tests/test_ablate.py checks them)
     files = sorted(p for p in Path("configs").glob("**/*.yaml") if p.parts[1] != "sweeps")
     assert files, "configs/ holds no YAML"
-    from seqmodels.models.ahn_base import prepare_ahn_base
+    from seqmodels.hf.base import prepare_base
     for path in files:
-        prepare_ahn_base(path)  # an AHN config's tokenizer is its base's: converted on first use, as train.py does
+        prepare_base(path)  # an AHN config's tokenizer is its base's: converted on first use, as train.py does
         load_config(path)
 
 

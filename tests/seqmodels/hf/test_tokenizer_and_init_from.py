@@ -16,8 +16,8 @@ from seqmodels.config_io import load_config
 from seqmodels.data.errors import DataError
 from seqmodels.data.document_rows import FrameDocument
 from seqmodels.data.tokenizers import get_tokenizer
-from seqmodels.hf import HFFormatError, load_pretrained, load_tokenizer, resolve_init_from
-from seqmodels.hf.init_from import explicit_model_keys
+from seqmodels.hf import HFFormatError, load_pretrained, load_tokenizer, resolve_base
+from seqmodels.hf.base import explicit_model_keys
 from hf_models import byte_level_tokenizer, save_hf_model  # noqa: F401  (pytest fixtures)
 
 
@@ -56,19 +56,19 @@ def test_tokenizer_without_an_eos_cannot_frame_documents(tmp_path, byte_level_to
 def test_init_from_takes_the_model_section_and_refuses_a_conflicting_override(tmp_path, save_hf_model):
     directory, _ = save_hf_model("qwen2", True)
     init_from = f"model.init_from=hf:{directory}"
-    config = resolve_init_from(load_config(None, [init_from, "model.compute_dtype=bfloat16", "data.seq_len=32"]))
+    config = resolve_base(load_config(None, [init_from, "model.compute_dtype=bfloat16", "data.seq_len=32"]))
     assert (config.model.d_model, config.model.num_heads, config.model.attention.num_kv_heads) == (64, 4, 2)
     assert config.model.attention.qkv_bias and config.model.compute_dtype == "bfloat16"
     assert config.model.max_seq_len == 64  # max_position_embeddings
     conflicting = [init_from, "model.d_model=128", "data.seq_len=32"]  # 128 is also the default
     with pytest.raises(ConfigError, match=r"model.d_model=128 conflicts with model.init_from=.*config.json gives 64"):
-        resolve_init_from(load_config(None, conflicting), explicit_model_keys(None, conflicting))
+        resolve_base(load_config(None, conflicting), explicit_model_keys(None, conflicting))
     with pytest.raises(ConfigError, match=r"model.attention.rope_theta=10.0 conflicts .* gives 5000.0"):
-        resolve_init_from(load_config(None, [init_from, "model.attention.rope_theta=10", "data.seq_len=32"]))
-    agreeing = resolve_init_from(load_config(None, [init_from, "model.d_model=64", "data.seq_len=32"]))
+        resolve_base(load_config(None, [init_from, "model.attention.rope_theta=10", "data.seq_len=32"]))
+    agreeing = resolve_base(load_config(None, [init_from, "model.d_model=64", "data.seq_len=32"]))
     assert agreeing.model == dataclasses.replace(config.model, compute_dtype="float32")
     with pytest.raises(ConfigError, match="data.seq_len: 256 exceeds model.max_seq_len=64"):
-        resolve_init_from(load_config(None, [init_from]))
+        resolve_base(load_config(None, [init_from]))
 
 
 @pytest.mark.slow
@@ -82,7 +82,7 @@ def test_train_py_continues_pretraining_from_the_hf_weights(tmp_path, save_hf_mo
                  if not o.startswith("model.")]
     overrides += [f"model.init_from=hf:{directory}", f"data.tokenizer=hf:{directory}"]
     assert train_entry.main(overrides) == 0
-    from seqmodels.evaluation.loading import load_run
+    from seqmodels.runs.load import load_run
     config, model, _ = load_run(run)
     assert config.model.init_from == f"hf:{directory}" and config.model.d_model == 64
     trained = jax.tree.leaves(nnx.to_pure_dict(nnx.state(model, nnx.Param)))

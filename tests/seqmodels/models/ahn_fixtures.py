@@ -10,9 +10,9 @@ from flax import nnx
 
 from seqmodels.config import AttentionConfig, ModelConfig
 from seqmodels.config_ahn import AHNConfig
+from seqmodels.hf.base import start_params
 from seqmodels.hf.export import export_model
 from seqmodels.models import build_model
-from seqmodels.models.ahn_base import with_base_params
 
 
 def tiny_base_config(**changes) -> ModelConfig:
@@ -41,7 +41,7 @@ def ahn_model(base_dir, base_config: ModelConfig, *, compressor="gated_deltanet"
                          **ahn)
     config = dataclasses.replace(base_config, kind="ahn", ahn=settings)
     model = build_model(config, seed=seed)
-    params = with_base_params(config, nnx.to_pure_dict(nnx.state(model, nnx.Param)))
+    params = start_params(config, nnx.to_pure_dict(nnx.state(model, nnx.Param)))
     if random_readout:
         keys = iter(jax.random.split(jax.random.key(seed + 7), 64))
         for block in params["blocks"].values():

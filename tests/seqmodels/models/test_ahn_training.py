@@ -87,8 +87,8 @@ def test_train_steps_update_only_compressors_and_leave_every_base_parameter_bitw
 @pytest.mark.slow
 def test_train_distils_an_ahn_model_from_a_base_directory_resumes_and_exports(tmp_path, tiny_corpus):
     from seqmodels.config_io import load_config
-    from seqmodels.evaluation.loading import load_run
-    from seqmodels.models.ahn_base import resolve_ahn_base
+    from seqmodels.hf.base import resolve_base
+    from seqmodels.runs.load import load_run
     from seqmodels.training.loop import train
     directory, _, base_params = write_tiny_base(tmp_path / "base", vocab_size=320, max_seq_len=256)
     overrides = ["model.kind=ahn", f"model.ahn.base={directory}", "model.ahn.window=16", "model.ahn.sinks=2",
@@ -97,7 +97,7 @@ def test_train_distils_an_ahn_model_from_a_base_directory_resumes_and_exports(tm
                  "train.batch_size=8", "train.steps=3", f"train.run_dir={tmp_path / 'run'}", "optim.warmup_steps=1",
                  "log.progress=never", "log.tensorboard=false", "checkpoint.async_save=false",
                  "checkpoint.every_steps=3"]
-    config = resolve_ahn_base(load_config(None, overrides))
+    config = resolve_base(load_config(None, overrides))
     assert config.model.d_model == 64 and config.model.attention.num_kv_heads == 2 and config.model.kind == "ahn"
     summary = train(config)
     assert summary["end_step"] == 3 and np.isfinite(summary["last_loss"])
@@ -106,7 +106,7 @@ def test_train_distils_an_ahn_model_from_a_base_directory_resumes_and_exports(tm
     for path, leaf in traversals.flatten_mapping(base_params).items():
         assert np.asarray(saved[path]).tobytes() == np.asarray(leaf).tobytes(), path
     longer = [item.replace("train.steps=3", "train.steps=4") for item in overrides]
-    again = train(resolve_ahn_base(load_config(None, longer + ["checkpoint.allow_changes=[train.steps]"])))
+    again = train(resolve_base(load_config(None, longer + ["checkpoint.allow_changes=[train.steps]"])))
     assert again["start_step"] == 3 and again["end_step"] == 4
     import eval as eval_entry  # the entry point, on the trained run
     out = tmp_path / "eval.json"
@@ -128,9 +128,9 @@ def _exports_to_pytorch(run, out):
     import torch
 
     import export as export_entry
-    from seqmodels.evaluation.loading import load_run
+    from seqmodels.runs.load import load_run
     from seqmodels.hf import load_pretrained
-    from tests.seqmodels.export.export_parity import LOGIT_TOLERANCE, load_torch
+    from tests.seqmodels.hf.torch.export_parity import LOGIT_TOLERANCE, load_torch
     assert export_entry.main(["--run", str(run), "--out", str(out)]) == 0
     hf_config = json.loads((out / "config.json").read_text())
     assert hf_config["model_type"] == "seqmodels" and hf_config["model"]["kind"] == "ahn"
@@ -144,15 +144,6 @@ def _exports_to_pytorch(run, out):
     with torch.no_grad():
         torch_logits = load_torch(out)(torch.as_tensor(np.array(row))).logits.numpy()
     assert np.abs(torch_logits - np.asarray(model(row)[0])).max() < LOGIT_TOLERANCE
-
-
-def test_an_architecture_setting_that_contradicts_the_base_is_a_config_error(tmp_path):
-    from seqmodels.config import ConfigError
-    from seqmodels.config_io import load_config
-    from seqmodels.models.ahn_base import resolve_ahn_base
-    directory, _, _ = write_tiny_base(tmp_path / "base")
-    with pytest.raises(ConfigError, match=r"^model\.d_model=256 conflicts with model\.ahn\.base="):
-        resolve_ahn_base(load_config(None, ["model.kind=ahn", f"model.ahn.base={directory}", "model.d_model=256"]))
 
 
 def test_the_ahn_suite_refuses_a_window_at_or_beyond_the_evaluation_length():

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import tiny_overrides
 from seqmodels.config_io import load_config
-from seqmodels.evaluation.loading import load_run
+from seqmodels.runs.load import load_run
 from seqmodels.training.loop import TrainingDiverged, train
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -60,7 +60,7 @@ LOAD_ON_ONE_DEVICE = """
 import sys
 import jax, numpy as np
 from flax import nnx
-from seqmodels.evaluation.loading import load_run
+from seqmodels.runs.load import load_run
 _, model, step = load_run(sys.argv[1])
 leaves = jax.tree.leaves(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
 np.savez(sys.argv[2], step=step, devices=jax.device_count(), *[np.asarray(leaf) for leaf in leaves])
@@ -130,7 +130,7 @@ def test_a_tiny_lm_trains_with_muon_and_muon_moves_only_projections(tmp_path, ti
 
     from seqmodels.optim.build import build_optimizer
     from seqmodels.sharding import param_logical_axes
-    from seqmodels.training.state import abstract_model
+    from seqmodels.models import abstract_model
 
     config = load_config(None, tiny_overrides(tmp_path / "muon", tiny_corpus, optim__name="muon",
                                               train__steps=15, optim__learning_rate=0.02, optim__muon_per_head=True))

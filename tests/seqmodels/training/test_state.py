@@ -8,7 +8,8 @@ from flax import nnx
 from seqmodels.config import MeshConfig, ModelConfig, OptimConfig
 from seqmodels.optim.build import build_optimizer
 from seqmodels.sharding import make_mesh, param_logical_axes
-from seqmodels.training.state import abstract_model, init_train_state, merged_spec
+from seqmodels.models import abstract_model
+from seqmodels.training.state import init_train_state, merged_spec
 
 
 def _state_on_mesh(optimizer_name: str):

@@ -17,7 +17,7 @@ import math
 import torch
 from torch import nn
 
-from .layers_seqmodels import RMSNorm, ShortConv, apply_rotary
+from .layers import RMSNorm, ShortConv, apply_rotary
 
 
 def visible(q_positions: torch.Tensor, k_positions: torch.Tensor, *, window: int | None, num_sinks: int,
@@ -93,3 +93,7 @@ class Attention(nn.Module):
         if self.window is None:
             return torch.ones_like(k_positions, dtype=torch.bool)
         return (k_positions < self.num_sinks) | (k_positions > newest - self.window)
+
+
+MIXERS = {"attention": lambda model: Attention(model, window=None, num_sinks=0),
+          "swa": lambda model: Attention(model, window=model["swa"]["window"], num_sinks=model["swa"]["num_sinks"])}

@@ -1,7 +1,8 @@
-"""Hugging Face ``config.json`` of a Llama / Qwen2 decoder <-> the project's ``ModelConfig``.
+"""The Llama / Qwen2 safetensors format: a Hugging Face ``config.json`` + ``model.safetensors`` that
+``transformers`` loads with no remote code, read into and written from the project's Transformer++.
 
-Both architectures are Transformer++ exactly: pre-RMSNorm blocks of causal attention with RoPE in
-the rotate-half layout (``seqmodels.layers.rotary``) and a SwiGLU MLP, so each maps onto
+The config. Both architectures are Transformer++ exactly: pre-RMSNorm blocks of causal attention with
+RoPE in the rotate-half layout (``seqmodels.layers.rotary``) and a SwiGLU MLP, so each maps onto
 ``model.mixers = [attention] * num_hidden_layers`` with these fields:
 
     hidden_size -> d_model             num_attention_heads -> num_heads     intermediate_size -> d_ff
@@ -12,15 +13,41 @@ the rotate-half layout (``seqmodels.layers.rotary``) and a SwiGLU MLP, so each m
 
 A field whose value the project does not implement (RoPE scaling, biases on the output projection or
 the MLP, sliding windows, experts, partial rotary) is refused by name rather than silently dropped.
+Only a model of that shape is written in this format (``check_exportable``; with q/k/v biases as
+``Qwen2ForCausalLM``, else ``LlamaForCausalLM``).
+
+The tensors. PyTorch ``nn.Linear`` stores ``W [out, in]`` and computes ``x W^T``; the project's ``Dense``
+stores ``kernel [in, *out]`` (heads split out) and computes ``x kernel``. So, per layer ``i``
+(``model.layers.{i}.`` in Hugging Face, ``blocks/{i}/`` here):
+
+    self_attn.q_proj.weight [H Dh, D]  -> mixer/query/kernel [D, H, Dh]    = W^T reshaped   (k, v: Hkv)
+    self_attn.q_proj.bias   [H Dh]     -> mixer/query/bias   [H, Dh]                         (Qwen2)
+    self_attn.o_proj.weight [D, H Dh]  -> mixer/out/kernel   [H, Dh, D]    = W^T reshaped
+    mlp.{gate,up}_proj.weight [F, D]   -> mlp/{gate,up}/kernel [D, F]      = W^T
+    mlp.down_proj.weight    [D, F]     -> mlp/down/kernel    [F, D]        = W^T
+    input_layernorm / post_attention_layernorm.weight -> mixer_norm / mlp_norm /scale
+
+and ``model.embed_tokens.weight [V, D] -> embed``, ``model.norm.weight -> final_norm/scale``,
+``lm_head.weight [V, D] -> head [D, V]`` (absent with tied embeddings). Each rule is a bijection, so
+an export loads back bitwise.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
+
+from flax import nnx
 
 from seqmodels.config import ConfigError, ModelConfig
+from seqmodels.hf.directory import write_json
 from seqmodels.hf.errors import HFFormatError
+from seqmodels.hf.safetensors_io import write_checkpoint
+from seqmodels.hf.tensor_rules import TensorRule, fill_params, tensors_of
+from seqmodels.models import abstract_model
+
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some older checkpoints store; recomputed from rope_theta
 
 
 @dataclass(frozen=True)
@@ -37,6 +64,7 @@ ARCHITECTURES = {
                                      refused=(("attention_bias", False), ("mlp_bias", False))),
     "Qwen2ForCausalLM": Architecture("qwen2", qkv_bias=True, refused=(("use_sliding_window", False),)),
 }
+MODEL_TYPES = tuple(architecture.model_type for architecture in ARCHITECTURES.values())  # config.json's model_type
 _MOE_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size")
 
 
@@ -154,3 +182,91 @@ def hf_config_from_model(model: ModelConfig, *, torch_dtype: str, token_ids: dic
         hf.update(use_sliding_window=False, sliding_window=None, max_window_layers=len(model.mixers))
     hf.update({key: value for key, value in (token_ids or {}).items() if value is not None})
     return hf
+
+
+def _same(x):
+    return x
+
+
+def _projection_in(heads: int, head_dim: int):
+    """``W [heads * head_dim, D]`` <-> ``kernel [D, heads, head_dim]``."""
+    return (lambda w: w.T.reshape(w.shape[1], heads, head_dim),
+            lambda k: k.reshape(k.shape[0], heads * head_dim).T)
+
+
+def _bias(heads: int, head_dim: int):
+    return lambda b: b.reshape(heads, head_dim), lambda b: b.reshape(heads * head_dim)
+
+
+def _projection_out(heads: int, head_dim: int):
+    """``W [D, heads * head_dim]`` <-> ``kernel [heads, head_dim, D]``."""
+    return (lambda w: w.T.reshape(heads, head_dim, w.shape[0]),
+            lambda k: k.reshape(heads * head_dim, k.shape[-1]).T)
+
+
+def _transpose():
+    return (lambda w: w.T, lambda k: k.T)
+
+
+def _layer_rules(layer: int, config: ModelConfig) -> list[TensorRule]:
+    heads, kv_heads = config.num_heads, config.attention.num_kv_heads or config.num_heads
+    head_dim = config.attention_head_dim
+    hf, ours = f"model.layers.{layer}.", ("blocks", layer)
+    maps = {
+        "self_attn.q_proj.weight": (("mixer", "query", "kernel"), _projection_in(heads, head_dim)),
+        "self_attn.k_proj.weight": (("mixer", "key", "kernel"), _projection_in(kv_heads, head_dim)),
+        "self_attn.v_proj.weight": (("mixer", "value", "kernel"), _projection_in(kv_heads, head_dim)),
+        "self_attn.o_proj.weight": (("mixer", "out", "kernel"), _projection_out(heads, head_dim)),
+        "mlp.gate_proj.weight": (("mlp", "gate", "kernel"), _transpose()),
+        "mlp.up_proj.weight": (("mlp", "up", "kernel"), _transpose()),
+        "mlp.down_proj.weight": (("mlp", "down", "kernel"), _transpose()),
+        "input_layernorm.weight": (("mixer_norm", "scale"), (_same, _same)),
+        "post_attention_layernorm.weight": (("mlp_norm", "scale"), (_same, _same)),
+    }
+    if config.attention.qkv_bias:
+        maps.update({
+            "self_attn.q_proj.bias": (("mixer", "query", "bias"), _bias(heads, head_dim)),
+            "self_attn.k_proj.bias": (("mixer", "key", "bias"), _bias(kv_heads, head_dim)),
+            "self_attn.v_proj.bias": (("mixer", "value", "bias"), _bias(kv_heads, head_dim)),
+        })
+    return [TensorRule(hf + name, ours + path, *layout) for name, (path, layout) in maps.items()]
+
+
+def tensor_rules(config: ModelConfig) -> list[TensorRule]:
+    """Every tensor of the Hugging Face checkpoint of ``config`` (a Transformer++ ``ModelConfig``)."""
+    rules = [TensorRule("model.embed_tokens.weight", ("embed",), _same, _same)]
+    for layer in range(len(config.mixers)):
+        rules += _layer_rules(layer, config)
+    rules.append(TensorRule("model.norm.weight", ("final_norm", "scale"), _same, _same))
+    if not config.tie_embeddings:
+        rules.append(TensorRule("lm_head.weight", ("head",), *_transpose()))
+    return rules
+
+
+def read_config(hf: dict, source: str, base: ModelConfig | None = None) -> ModelConfig:
+    """The ``ModelConfig`` of a Llama / Qwen2 ``config.json`` (``model_config_from_hf``)."""
+    return model_config_from_hf(hf, source, base)
+
+
+def _tolerated(config: ModelConfig):
+    """Tensors a checkpoint may hold beyond the rules: stored RoPE buffers, a tied head's copy."""
+    return lambda name: name.endswith(IGNORED_SUFFIXES) or (config.tie_embeddings and name == "lm_head.weight")
+
+
+def read_params(directory: Path, config: ModelConfig) -> dict:
+    """The float32 parameter dict of the Llama / Qwen2 checkpoint in ``directory`` for ``config``."""
+    _, abstract_state = abstract_model(config)
+    return fill_params(directory, tensor_rules(config), nnx.to_pure_dict(abstract_state), _tolerated(config))
+
+
+def write_files(directory: Path, hf_config: dict, tensors: dict, *, max_shard_bytes: int) -> None:
+    """``model.safetensors`` (or shards and their index above ``max_shard_bytes``) and ``config.json``."""
+    write_checkpoint(directory, tensors, max_shard_bytes=max_shard_bytes)
+    write_json(directory / "config.json", hf_config)
+
+
+def write(directory: Path, config: ModelConfig, params: dict, *, dtype: str, token_ids: dict,
+          max_shard_bytes: int) -> None:
+    """Write the checkpoint and ``config.json`` of ``config`` with ``params`` into the new directory."""
+    hf_config = hf_config_from_model(config, torch_dtype=dtype, token_ids=token_ids)
+    write_files(directory, hf_config, tensors_of(params, tensor_rules(config), dtype), max_shard_bytes=max_shard_bytes)

@@ -14,10 +14,10 @@ the compressor; ``q, k`` L2-normalised per head there)::
     x <- x + W_o (a_t + m_t);   x <- x + MLP(RMSNorm(x))
 
 Each token's write gates come from its own ``h``; the state is written in token order, one token per
-step (``recurrent_seqmodels.delta_rule_scan`` / ``gated_linear_scan``), the JAX decoding form (JAX trains
+step (``recurrences.delta_rule_scan`` / ``gated_linear_scan``), the JAX decoding form (JAX trains
 with the chunked kernels, equal within float32 round-off).
 
-A layer's cache: the attention's (the sink keys / values and the last ``ring``, ``attention_seqmodels``)
+A layer's cache: the attention's (the sink keys / values and the last ``ring``, ``attention``)
 and the compressor's: its state and the last ``ring`` non-sink tokens' raw ``k, v`` and gates, the ones
 still to leave. Its size is fixed by ``window`` whatever the length decoded. A whole row without a cache
 runs the same rule from an empty one. (JAX keeps one ring of keys / values for both; here the attention
@@ -29,9 +29,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .attention_seqmodels import Attention
-from .layers_seqmodels import RMSNorm, SwiGLU, l2_normalize, mlp_hidden, step_and_log_decay
-from .recurrent_seqmodels import delta_rule_scan, gated_linear_scan
+from .attention import Attention
+from .layers import RMSNorm, SwiGLU, l2_normalize, mlp_hidden, step_and_log_decay
+from .recurrences import delta_rule_scan, gated_linear_scan
 
 COMPRESSORS = {"gated_deltanet": dict(delta_rule=True, decays=True),
                "deltanet": dict(delta_rule=True, decays=False),

@@ -14,7 +14,7 @@ from export_parity import BASE_CONFIG, CONFIGS, load_torch, random_params, tiny_
 import export as export_entry
 from seqmodels.config import Config, DataConfig, ModelConfig
 from seqmodels.config_io import save_config
-from seqmodels.export.torch import EXPORTED_FILES, PACKAGE_DIR
+from seqmodels.hf.torch import SHARED_FILES, exported_files
 from seqmodels.hf import load_pretrained
 from seqmodels.hf.export import export_model
 from seqmodels.hf.safetensors_io import SafetensorsCheckpoint
@@ -31,16 +31,19 @@ def _leaves(tree) -> list:
 
 
 def test_every_registered_mixer_has_a_pytorch_module():
-    from seqmodels.export.torch.modeling_seqmodels import MIXERS
+    from seqmodels.hf.torch.mixers import MIXERS
     from seqmodels.mixers.registry import MIXERS as JAX_MIXERS
     assert set(MIXERS) == set(JAX_MIXERS)
 
 
 def test_exported_modules_import_only_torch_transformers_and_each_other():
-    exported = {name[:-len(".py")] for name in EXPORTED_FILES}
-    assert exported == {path.stem for path in PACKAGE_DIR.glob("*.py")} - {"__init__"}
-    for name in EXPORTED_FILES:
-        tree = ast.parse((PACKAGE_DIR / name).read_text())
+    """The twins and the constants modules they share with JAX (``SHARED_FILES``, whose standard-library
+    imports include ``collections``): nothing of seqmodels or JAX, so the remote-code loader can run them."""
+    files = exported_files()
+    exported = {name[:-len(".py")] for name in files}
+    assert set(SHARED_FILES) < set(files) and "modeling_seqmodels.py" in files
+    for name, source in files.items():
+        tree = ast.parse(source.read_text())
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 roots = {alias.name.split(".")[0] for alias in node.names}
@@ -51,7 +54,7 @@ def test_exported_modules_import_only_torch_transformers_and_each_other():
                 continue
             else:
                 continue
-            assert roots <= {"torch", "transformers", "math", "__future__"}, (name, roots)
+            assert roots <= {"torch", "transformers", "math", "collections", "__future__"}, (name, roots)
 
 
 def test_transformers_loads_the_export_offline_with_every_tensor_used(tmp_path, monkeypatch):
@@ -61,7 +64,9 @@ def test_transformers_loads_the_export_offline_with_every_tensor_used(tmp_path, 
     assert hf_config["model_type"] == "seqmodels" and hf_config["architectures"] == ["SeqmodelsForCausalLM"]
     assert hf_config["auto_map"]["AutoModelForCausalLM"] == "modeling_seqmodels.SeqmodelsForCausalLM"
     assert hf_config["model"]["mixers"] == ["swa", "gated_deltanet"]
-    assert all((out / name).is_file() for name in EXPORTED_FILES)
+    assert all((out / name).is_file() for name in exported_files())
+    for name, source in SHARED_FILES.items():  # the JAX side's constants, copied as they are
+        assert (out / name).read_bytes() == source.read_bytes(), name
     model, info = load_torch(out, output_loading_info=True)
     assert type(model).__name__ == "SeqmodelsForCausalLM"
     assert not info["missing_keys"] and not info["unexpected_keys"], info
@@ -209,7 +214,7 @@ def test_a_run_without_checkpoints_is_refused_and_nothing_is_written(tmp_path, c
 def test_export_py_exports_a_trained_hybrid_run_and_refuses_bad_steps_and_full_directories(tmp_path, capsys):
     """The run trains sharded over the 8 simulated devices (fsdp 4 x tensor 2); its export equals the export of
     the same weights held on one device."""
-    from seqmodels.evaluation.loading import load_run
+    from seqmodels.runs.load import load_run
     import train as train_entry
     run, out = tmp_path / "run", tmp_path / "hf"
     corpus = str(write_corpus(tmp_path / "corpus") / "*.txt")

@@ -1,4 +1,4 @@
-"""Atlas (and Titans, OmegaNet) and the MAG / MAL hybrids in PyTorch: the JAX ``seqmodels.mixers.atlas``.
+"""Atlas (and Titans, OmegaNet) in PyTorch, token by token: the JAX ``seqmodels.mixers.atlas``.
 
 Per head (head dimension D), token by token (``pallas_kernels/atlas_memory/reference.py``'s ``step``)::
 
@@ -13,9 +13,6 @@ with ``phi`` the polynomial features (degree p: ``[c_1 k, c_2 (k_:R (x) k_:R), .
 ``W [F, D]`` or the MLP ``phi[:D] + silu(phi W1) W2`` (with ``model.atlas.memory_norm``: ``phi[:D] + g * LN(o)``,
 ``o`` the linear or MLP branch, ``g [H, D]`` a learned gain), the gradients in closed form (outer products) and
 ``NS_k`` applied to the deep memory's ``W1`` and zero-padded ``W2^T`` stacked, as the JAX op does.
-
-    atlas_mag:  y = g * SWA(x) + (1 - g) * Atlas(x),   g = sigmoid(W_gate x + b)
-    atlas_mal:  m = Atlas(x);  y = m + SWA(RMSNorm(x + m))
 """
 
 from __future__ import annotations
@@ -24,9 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention_seqmodels import Attention
-from .layers_seqmodels import RMSNorm, ShortConv, l2_normalize
-from .newton_schulz_seqmodels import newton_schulz
+from .layers import RMSNorm, ShortConv, l2_normalize
+from .newton_schulz import newton_schulz
 
 GATES = ("alpha", "theta", "eta", "gamma")
 NORM_EPS = 1e-5  # the memory LayerNorm's epsilon (model.atlas.memory_norm), as the JAX memory
@@ -195,41 +191,4 @@ class Atlas(nn.Module):
         return self.out(y.reshape(*x.shape[:2], -1)), cache
 
 
-def _sliding_window(model: dict) -> Attention:
-    return Attention(model, window=model["swa"]["window"], num_sinks=model["swa"]["num_sinks"])
-
-
-def _branch_caches(cache: dict | None):
-    if cache is None:
-        return None, None
-    return cache.setdefault("memory", {}), cache.setdefault("attention", {})
-
-
-class AtlasMAG(nn.Module):
-    def __init__(self, model: dict):
-        super().__init__()
-        self.memory, self.attention = Atlas(model), _sliding_window(model)
-        self.gate = nn.Linear(model["d_model"], model["d_model"], bias=True)
-
-    def forward(self, x, positions, cache=None):
-        memory_cache, attention_cache = _branch_caches(cache)
-        memory = self.memory(x, positions, memory_cache)[0]
-        attended = self.attention(x, positions, attention_cache)[0]
-        gate = torch.sigmoid(self.gate(x))
-        return gate * attended + (1 - gate) * memory, cache
-
-
-class AtlasMAL(nn.Module):
-    def __init__(self, model: dict):
-        super().__init__()
-        self.memory, self.attention = Atlas(model), _sliding_window(model)
-        self.attention_norm = RMSNorm(model["d_model"], model["norm_eps"])
-
-    def forward(self, x, positions, cache=None):
-        memory_cache, attention_cache = _branch_caches(cache)
-        memory = self.memory(x, positions, memory_cache)[0]
-        attended = self.attention(self.attention_norm(x + memory), positions, attention_cache)[0]
-        return memory + attended, cache
-
-
-ATLAS_MIXERS = {"atlas": Atlas, "atlas_mag": AtlasMAG, "atlas_mal": AtlasMAL}
+MIXERS = {"atlas": Atlas}

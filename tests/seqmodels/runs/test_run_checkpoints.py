@@ -4,7 +4,7 @@ import pytest
 
 from seqmodels.config import Config
 from seqmodels.config_io import to_dict
-from seqmodels.training.checkpoint import architecture_differences, saved_model_config
+from seqmodels.runs.checkpoints import architecture_differences, saved_model_config
 
 
 def test_keys_added_after_a_checkpoint_take_their_defaults():

@@ -1,6 +1,6 @@
 """Parity of an export with the JAX model: tiny random models of every config, their logits and greedy tokens.
 
-``python tests/seqmodels/export/export_parity.py`` prints the parity table of every config in
+``python tests/seqmodels/hf/torch/export_parity.py`` prints the parity table of every config in
 ``configs/`` and ``configs/ablations/`` (markdown), as the tests measure it.
 """
 
@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml")) + sorted((ROOT / "configs" / "ablations").glob("*.yaml"))
 BASE_CONFIG = ROOT / "configs" / "atlas.yaml"  # the model the hand-made variants start from (its settings)
 VOCAB, LENGTH, PROMPT, NEW_TOKENS = 97, 24, 8, 16
@@ -67,7 +67,7 @@ def without_compressors(params: dict) -> dict:
 
 
 def jax_model(config, params):
-    from seqmodels.training.state import abstract_model
+    from seqmodels.models import abstract_model
     return nnx.merge(abstract_model(config)[0], params)
 
 

@@ -2,7 +2,7 @@
 
 Every layer holds its parameters under the JAX module's attribute names, so an export's tensor
 names are the JAX parameter paths (``weight`` for a dense kernel, a convolution weight or a norm
-scale). Layouts (``seqmodels.export.weight_map``): a JAX ``Dense`` kernel ``[in, *out]`` is an
+scale). Layouts (``seqmodels.hf.remote_code``): a JAX ``Dense`` kernel ``[in, *out]`` is an
 ``nn.Linear`` weight ``[prod(out), in]`` (its outputs flattened in the JAX order), a ``DenseOut``
 kernel ``[*in, out]`` is ``[out, prod(in)]``, a ``ShortConv`` weight ``[K, C]`` (lag-major) is a depthwise
 ``conv1d`` weight ``[C, 1, K]`` (time-major: ``weight[c, 0, K - 1 - lag] = w[lag, c]``).

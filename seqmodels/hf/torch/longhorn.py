@@ -1,0 +1,64 @@
+"""LongHorn in PyTorch, in its recurrent form: the JAX ``seqmodels.mixers.longhorn``.
+
+Per token t (channels D, state N per channel)::
+
+    u = silu(conv(W_u x)), k, q = W_k u, W_q u;  dt = sigmoid(W_up W_down u + t_bias);  T = dt / (1 + dt ||k||^2)
+    h_t = (1 - T k^2) * h_{t-1} + (T u) k^T;  y = h_t q + D_skip u;  out = W_out(y * silu(z))
+
+The cache holds the convolution's last inputs and the state; a fresh (empty) dict starts a row.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .layers import ShortConv
+from .recurrences import cached_state, conv_with_cache
+
+
+class LongHorn(nn.Module):
+    def __init__(self, model: dict):
+        super().__init__()
+        settings, width = model["longhorn"], model["d_model"]
+        channels, state_dim = settings["expand"] * width, settings["state_dim"]
+        rank = settings["dt_rank"] or math.ceil(width / 16)
+        self.channels, self.state_dim = channels, state_dim
+        self.in_proj = nn.Linear(width, 2 * channels, bias=False)
+        self.conv = ShortConv(channels, settings["conv_kernel"])
+        self.kq_proj = nn.Linear(channels, 2 * state_dim, bias=False)
+        self.dt_down = nn.Linear(channels, rank, bias=False)
+        self.dt_up = nn.Linear(rank, channels, bias=False)
+        self.t_bias = nn.Parameter(torch.zeros(channels))
+        self.skip = nn.Parameter(torch.ones(channels))
+        self.out = nn.Linear(channels, width, bias=False)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: dict | None = None):
+        del positions  # a recurrence
+        u, z = self.in_proj(x).split(self.channels, dim=-1)
+        u = F.silu(conv_with_cache(self.conv, u, cache, "conv"))
+        k, q = self.kq_proj(u).float().split(self.state_dim, dim=-1)
+        dt = torch.sigmoid(self.dt_up(self.dt_down(u)).float() + self.t_bias.float())
+        step = dt / (1.0 + dt * k.square().sum(-1, keepdim=True))  # [B, T, D]
+        keep = 1.0 - step[..., None] * k.square()[:, :, None, :]  # [B, T, D, N]
+        written = step * u.float()
+        states = self.recurrence(keep, written, k, cache)
+        y = torch.einsum("btdn,btn->btd", states, q) + self.skip.float() * u.float()
+        return self.out((y * F.silu(z.float())).to(x.dtype)), cache
+
+    def recurrence(self, keep, written, k, cache):
+        """``h [B, T, D, N]``: ``h_t = keep_t * h_{t-1} + written_t k_t^T``."""
+        state = cached_state(cache, "state", (keep.shape[0], self.channels, self.state_dim), keep.device)
+        states = []
+        for t in range(keep.shape[1]):
+            state = keep[:, t] * state + written[:, t, :, None] * k[:, t, None, :]
+            states.append(state)
+        if cache is not None:
+            cache["state"] = state
+        return torch.stack(states, dim=1)
+
+
+MIXERS = {"longhorn": LongHorn}

@@ -1,0 +1,117 @@
+"""MuonSSM on Gated DeltaNet, Mamba2 and LongHorn in PyTorch: the JAX ``seqmodels.mixers.muonssm``.
+
+Each backbone's injection U_t goes through a momentum of conditioned injections::
+
+    M_t = gamma M_{t-1} + tau NS_k(U_t),  S_t = A_t(S_{t-1}) + M_t       (NS_k(U) = r_k U: rank 1)
+
+with ns_scope all: one normalisation over every head (mamba2 / longhorn: the shared key, gated_deltanet:
+the block-diagonal injection), head: each head (longhorn: each group) alone. The cache holds the
+backbone's and the momentum's state.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .deltanet import DeltaNet
+from .longhorn import LongHorn
+from .mamba2 import Mamba2
+from .newton_schulz import block_rank_one_scale, rank_one_scale
+from .recurrences import cached_state
+
+
+class _Momentum:
+    """MuonSSM settings and the conditioned-injection scale shared by the backbones."""
+
+    def _set_momentum(self, model: dict):
+        settings = model["muonssm"]
+        self.gamma, self.tau, self.ns_scope = settings["gamma"], settings["tau"], settings["ns_scope"]
+        self.ns = dict(steps=settings["ns_steps"], coefficients=settings["ns_coefficients"], eps=settings["ns_eps"])
+
+    def injection_scale(self, sum_squares: torch.Tensor, *, shared_key: bool) -> torch.Tensor:
+        """``tau r_k`` per token and head from each head's ``||U_h||_F^2 [B, T, H]``."""
+        if self.ns_scope == "head":
+            return self.tau * rank_one_scale(sum_squares, **self.ns)
+        if shared_key:
+            total = sum_squares.sum(-1, keepdim=True)
+            return self.tau * rank_one_scale(total, **self.ns).expand_as(sum_squares)
+        return self.tau * block_rank_one_scale(sum_squares, **self.ns)
+
+
+class MuonSSMGatedDeltaNet(_Momentum, DeltaNet):
+    def __init__(self, model: dict):
+        DeltaNet.__init__(self, model, gated=True)
+        self._set_momentum(model)
+
+    def recurrence(self, q, k, v, beta, log_decay, cache):
+        sum_squares = beta.square() * k.square().sum(-1) * v.square().sum(-1)
+        scale = self.injection_scale(sum_squares, shared_key=False)
+        if self.gamma == 0:
+            return DeltaNet.recurrence(self, q, k, scale[..., None] * v, beta, log_decay, cache)
+        w = (scale * beta)[..., None] * v
+        shape = (q.shape[0], self.heads, self.key_dim, self.value_dim)
+        state, momentum = (cached_state(cache, name, shape, q.device) for name in ("state", "momentum"))
+        decay_of_momentum, outputs = math.exp(math.log(self.gamma)), []
+        for t in range(q.shape[1]):
+            momentum = decay_of_momentum * momentum + k[:, t, :, :, None] * w[:, t, :, None, :]
+            state = torch.exp(log_decay[:, t])[..., None, None] * state
+            predicted = torch.einsum("bhk,bhkv->bhv", k[:, t], state)
+            state = state - beta[:, t, :, None, None] * k[:, t, :, :, None] * predicted[:, :, None, :] + momentum
+            outputs.append(self.key_dim ** -0.5 * torch.einsum("bhk,bhkv->bhv", q[:, t], state))
+        if cache is not None:
+            cache.update(state=state, momentum=momentum)
+        return torch.stack(outputs, dim=1)
+
+
+class MuonSSMMamba2(_Momentum, Mamba2):
+    def __init__(self, model: dict):
+        Mamba2.__init__(self, model)
+        self._set_momentum(model)
+
+    def recurrence(self, q, k, v, log_decay, cache):
+        sum_squares = k.square().sum(-1, keepdim=True) * v.square().sum(-1)  # [B, T, H]
+        v = self.injection_scale(sum_squares, shared_key=True)[..., None] * v
+        if self.gamma == 0:
+            return Mamba2.recurrence(self, q, k, v, log_decay, cache)
+        (state, momentum), outputs = self._states(cache, ("state", "momentum"), q), []
+        decay_of_momentum = math.exp(math.log(self.gamma))
+        for t in range(q.shape[1]):
+            momentum = decay_of_momentum * momentum + k[:, t, None, :, None] * v[:, t, :, None, :]
+            state = torch.exp(log_decay[:, t])[..., None, None] * state + momentum
+            outputs.append(torch.einsum("bn,bhnp->bhp", q[:, t], state))
+        if cache is not None:
+            cache.update(state=state, momentum=momentum)
+        return torch.stack(outputs, dim=1)
+
+
+class MuonSSMLongHorn(LongHorn):
+    def __init__(self, model: dict):
+        super().__init__(model)
+        settings = model["muonssm"]
+        self.gamma, self.tau = settings["gamma"], settings["tau"]
+        self.ns = dict(steps=settings["ns_steps"], coefficients=settings["ns_coefficients"], eps=settings["ns_eps"])
+        self.groups = 1 if settings["ns_scope"] == "all" else model["num_heads"]
+
+    def recurrence(self, keep, written, k, cache):
+        grouped = written.reshape(*written.shape[:2], self.groups, -1)
+        sum_squares = grouped.square().sum(-1) * k.square().sum(-1, keepdim=True)
+        scale = self.tau * rank_one_scale(sum_squares, **self.ns)
+        written = scale.repeat_interleave(self.channels // self.groups, dim=-1) * written
+        if self.gamma == 0:
+            return LongHorn.recurrence(self, keep, written, k, cache)
+        shape = (keep.shape[0], self.channels, self.state_dim)
+        state, velocity = (cached_state(cache, name, shape, keep.device) for name in ("state", "velocity"))
+        states = []
+        for t in range(keep.shape[1]):
+            velocity = self.gamma * velocity + written[:, t, :, None] * k[:, t, None, :]
+            state = keep[:, t] * state + velocity
+            states.append(state)
+        if cache is not None:
+            cache.update(state=state, velocity=velocity)
+        return torch.stack(states, dim=1)
+
+
+MIXERS = {"muonssm_gated_deltanet": MuonSSMGatedDeltaNet, "muonssm_mamba2": MuonSSMMamba2,
+          "muonssm_longhorn": MuonSSMLongHorn}
