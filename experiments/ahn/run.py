@@ -30,9 +30,9 @@ from flax import nnx
 
 from seqmodels.config import Config, ModelConfig
 from seqmodels.config_ahn import AHNConfig, DEFAULT_AHN_BASE
-from seqmodels.config_mixers import AttentionConfig
 from seqmodels.data.pipeline import make_train_dataset
 from seqmodels.evaluation.ahn import evaluate_ahn, markdown_table
+from seqmodels.mixers.attention import AttentionConfig
 from seqmodels.models import build_model
 from seqmodels.models.ahn import trainable_path
 from seqmodels.models.ahn_base import resolve_ahn_base, with_base_params

@@ -1,3 +1,5 @@
+import typing
+
 import pytest
 
 from seqmodels.config import ConfigError
@@ -137,7 +139,7 @@ def test_a_literal_field_accepts_each_of_its_values(key, choices):
 
 def test_a_literal_field_is_checked_when_a_section_is_built_directly_too():
     from seqmodels.config import LogConfig, ModelConfig
-    from seqmodels.config_mixers import AttentionConfig
+    from seqmodels.mixers.attention import AttentionConfig
 
     with pytest.raises(ConfigError, match=r"^log.progress: must be auto, always or never, got 'sometimes'$"):
         LogConfig(progress="sometimes")
@@ -161,12 +163,17 @@ def test_help_config_lists_the_choices_of_literal_fields():
     assert "one of" not in lines["model.d_model"]
 
 
-def test_mixer_sections_live_in_config_mixers_and_are_re_exported():
+def test_mixer_sections_live_beside_their_mixers():
     import seqmodels.config as config
-    import seqmodels.config_mixers as config_mixers
+    from seqmodels.config_looped import LoopedConfig
+    from seqmodels.mixers.atlas import AtlasConfig
+    from seqmodels.mixers.attention import AttentionConfig, SlidingWindowConfig
 
-    for name in ("AttentionConfig", "SlidingWindowConfig", "AtlasConfig", "LoopedConfig"):
-        assert getattr(config, name) is getattr(config_mixers, name)
-        assert getattr(config_mixers, name).__module__ == "seqmodels.config_mixers"
+    hints = typing.get_type_hints(config.ModelConfig)
+    for key, section, module in (("attention", AttentionConfig, "seqmodels.mixers.attention"),
+                                 ("swa", SlidingWindowConfig, "seqmodels.mixers.attention"),
+                                 ("atlas", AtlasConfig, "seqmodels.mixers.atlas"),
+                                 ("looped", LoopedConfig, "seqmodels.config_looped")):
+        assert hints[key] is section and section.__module__ == module
     defaults = load_config(None)
     assert defaults.model.attention.causal is True and defaults.model.looped.mixer == "attention"
