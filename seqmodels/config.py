@@ -27,7 +27,7 @@ from seqmodels.config_model import ModelConfigBase
 from seqmodels.mixers.registry import SectionEntry, registered_sections, sections_used_by
 
 
-def _check_sections(model: ModelConfigBase) -> None:
+def _model_post_init(model: ModelConfigBase) -> None:
     """The model keys, then each section a layer reads checked against the model (its ``check_model``)."""
     ModelConfigBase.__post_init__(model)
     for name in sections_used_by(model.mixers_in_use):
@@ -44,10 +44,11 @@ def model_config_class(sections: dict[str, SectionEntry]) -> type:
         if name in own:
             raise ValueError(f"config section model.{name} would replace the model key model.{name}; "
                              "register the section under another name")
-    fields = [(name, entry.section, describe(entry.help, factory=entry.section)) for name, entry in sections.items()]
+    fields = [(name, entry.section, describe(entry.description, factory=entry.section))
+              for name, entry in sections.items()]
     return dataclasses.make_dataclass(
         "ModelConfig", fields, bases=(ModelConfigBase,), frozen=True, module=__name__,
-        namespace={"__doc__": ModelConfigBase.__doc__, "__post_init__": _check_sections})
+        namespace={"__doc__": ModelConfigBase.__doc__, "__post_init__": _model_post_init})
 
 
 ModelConfig = model_config_class(registered_sections())

@@ -13,7 +13,7 @@ the mixer (2 FLOPs per multiply-add), averaged over the ``seq_len`` positions of
 file documents its formula. Training counts 3x forward (backward = 2x forward). These feed MFU.
 
 Config sections: a mixer's settings are a frozen dataclass defined in its own file and registered
-once, by the file that owns it, with ``register_section(name, section, help)``; it becomes the key
+once, by the file that owns it, with ``register_section(name, section, description)``; it becomes the key
 ``model.<name>`` (``seqmodels.config.ModelConfig`` has one field per registered section). One
 section may serve several mixers, and a mixer may read several (``atlas_mag`` reads ``atlas``,
 ``attention`` and ``swa``): each mixer names the sections it reads when it registers. A section may
@@ -58,7 +58,7 @@ class MixerEntry:
 @dataclass(frozen=True)
 class SectionEntry:
     section: type  # a frozen dataclass: the keys of model.<name>
-    help: str  # one line, the section's description in the schema
+    description: str  # one line: what the section holds, in the schema
 
 
 MIXERS: dict[str, MixerEntry] = {}
@@ -76,8 +76,9 @@ def register(name: str, build, flops_per_token, *, sections: Iterable[str]) -> N
     MIXERS[name] = MixerEntry(build, flops_per_token, sections)
 
 
-def register_section(name: str, section: type, help: str) -> None:
-    """Register ``section`` (a frozen dataclass) as the config section ``model.<name>``, described by ``help``."""
+def register_section(name: str, section: type, description: str) -> None:
+    """Register ``section`` (a frozen dataclass) as the config section ``model.<name>``, described by
+    ``description``."""
     if name in SECTIONS:
         raise ValueError(f"config section model.{name} is registered twice (by "
                          f"{SECTIONS[name].section.__module__} and {section.__module__}); one file owns a section")
@@ -86,7 +87,7 @@ def register_section(name: str, section: type, help: str) -> None:
     if not (dataclasses.is_dataclass(section) and isinstance(section, type)
             and section.__dataclass_params__.frozen):
         raise TypeError(f"config section model.{name}: {section!r} must be a frozen dataclass")
-    SECTIONS[name] = SectionEntry(section, help)
+    SECTIONS[name] = SectionEntry(section, description)
 
 
 def registered_sections() -> dict[str, SectionEntry]:
