@@ -10,7 +10,7 @@ import argparse
 import os
 import sys
 
-from seqmodels.config import ConfigError
+from seqmodels.config_base import ConfigError
 
 
 def parse_args(argv):

@@ -37,7 +37,8 @@ SMALL = dict(d_model=64, num_heads=2, layers=2, vocab_size=256, dtype="float32",
 
 
 def model_config(args, mixer: str, impl: str, seq_len: int):
-    from seqmodels.config import Mamba2Config, ModelConfig
+    from seqmodels.config import ModelConfig
+    from seqmodels.mixers.mamba2 import Mamba2Config
     shape = SMALL if args.small else FULL
     return ModelConfig(vocab_size=shape["vocab_size"], d_model=shape["d_model"], num_heads=shape["num_heads"],
                        mixers=(mixer,) * (args.layers or shape["layers"]), max_seq_len=seq_len,

@@ -5,133 +5,53 @@ A run is described by one ``Config`` (sections ``model``, ``data``, ``optim``, `
 only what differs from these defaults, plus dotted command-line overrides (``train.steps=20``).
 Every section validates its values in ``__post_init__`` and raises ``ConfigError`` naming the field;
 a field that takes one of a fixed set of strings is typed ``Literal[...]`` and checked by its type.
-The mixers' sections live in ``seqmodels.config_mixers``, the data section in ``seqmodels.config_data``.
+
+``ModelConfig`` is assembled here: the keys of ``seqmodels.config_model.ModelConfigBase`` plus one
+field per config section registered with the mixer registry (``seqmodels.mixers.registry``), each
+defined beside its mixer (``model.atlas`` in ``seqmodels/mixers/atlas.py``). Importing this module
+imports every mixer. The data section lives in ``seqmodels.config_data``, ``model.looped`` in
+``seqmodels.config_looped``, ``model.ahn`` in ``seqmodels.config_ahn``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
-from seqmodels.config_ahn import AHNConfig
+import seqmodels.mixers  # noqa: F401  (imports every mixer module: each registers its sections)
+from seqmodels.config_base import ConfigError, KernelImpl, _require, _require_at_least, _require_choices, describe
 from seqmodels.config_data import (  # noqa: F401  (the data section, re-exported here)
     CFL_LANGUAGES, SYNTHETIC_TASKS, CflDataConfig, DataConfig, SyntheticConfig, needle_min_length)
-from seqmodels.config_base import ConfigError, _require, _require_at_least, _require_choices, describe
-from seqmodels.config_mixers import (  # noqa: F401  (sections of ModelConfig, re-exported here)
-    AtlasConfig, AttentionConfig, DeltaNetConfig, LonghornConfig, LoopedConfig, Mamba2Config, MuonSSMConfig,
-    SlidingWindowConfig)
-
-# pallas_kernels implementations (pallas_kernels._common.IMPLS).
-KernelImpl = Literal["auto", "reference", "xla", "pallas", "pallas_triton", "pallas_tpu"]
+from seqmodels.config_model import ModelConfigBase
+from seqmodels.mixers.registry import SectionEntry, registered_sections, sections_used_by
 
 
-@dataclass(frozen=True)
-class ModelConfig:
-    """A decoder language model assembled from a list of mixers, each followed by a SwiGLU MLP."""
+def _model_post_init(model: ModelConfigBase) -> None:
+    """The model keys, then each section a layer reads checked against the model (its ``check_model``)."""
+    ModelConfigBase.__post_init__(model)
+    for name in sections_used_by(model.mixers_in_use):
+        check = getattr(getattr(model, name), "check_model", None)
+        if check is not None:
+            check(model)
 
-    vocab_size: int = describe("embedding rows; must cover the tokenizer's vocabulary", 320)
-    d_model: int = describe("residual stream width", 128)
-    num_heads: int = describe("attention / mixer heads", 4)
-    mixers: tuple[str, ...] = describe(
-        "mixer of each layer, a list or an expression like '[swa, attention] * 4'",
-        factory=lambda: ("attention",) * 4)
-    mlp: bool = describe("a SwiGLU MLP after every mixer (Transformer++ layout)", True)
-    d_ff: int = describe("SwiGLU hidden width; 0 = 8/3 * d_model rounded up to a multiple of 64", 0)
-    norm_eps: float = describe("RMSNorm epsilon", 1e-6)
-    tie_embeddings: bool = describe("share the input embedding with the output head", True)
-    max_seq_len: int = describe("longest sequence the model accepts (training rows and decoding)", 4096)
-    compute_dtype: Literal["float32", "bfloat16"] = describe("activation / matmul dtype (params stay float32)",
-                                                             "float32")
-    kernel_impl: KernelImpl = describe(
-        "pallas_kernels implementation for recurrent mixers: auto (the platform's Pallas kernels on GPU / TPU "
-        "where the op has them, else xla), xla, pallas (the platform's kernels), pallas_triton, pallas_tpu "
-        "(one family; on CPU in interpret mode), reference", "auto")
-    remat: Literal["none", "full", "dots", "names"] = describe("rematerialisation per layer", "none")
-    scan_layers: bool = describe("run the repeated group of model.mixers as one lax.scan over stacked "
-                                 "parameters (compile time independent of depth)", False)
-    init_std: float = describe("standard deviation of the normal initialiser of weights", 0.02)
-    attention: AttentionConfig = describe("attention settings", factory=AttentionConfig)
-    swa: SlidingWindowConfig = describe("sliding-window attention settings", factory=SlidingWindowConfig)
-    atlas: AtlasConfig = describe("Atlas / Titans memory settings", factory=AtlasConfig)
-    mamba2: Mamba2Config = describe("Mamba2 (SSD) settings", factory=Mamba2Config)
-    longhorn: LonghornConfig = describe("LongHorn settings (longhorn, muonssm_longhorn)", factory=LonghornConfig)
-    deltanet: DeltaNetConfig = describe("DeltaNet / Gated DeltaNet settings", factory=DeltaNetConfig)
-    muonssm: MuonSSMConfig = describe("MuonSSM settings (muonssm_* mixers)", factory=MuonSSMConfig)
-    kind: Literal["lm", "looped", "ahn"] = describe(
-        "lm (decoder LM over model.mixers) | looped (looped padded transformer, model.looped) | ahn (a frozen "
-        "base with sliding-window attention and a compressor per layer, model.ahn)", "lm")
-    looped: LoopedConfig = describe("looped padded transformer settings", factory=LoopedConfig)
-    ahn: AHNConfig = describe("AHN settings (model.kind = ahn)", factory=AHNConfig)
-    init_from: str = describe(
-        "'' (random initialisation) | hf:DIR: a Hugging Face Llama / Qwen2 directory (seqmodels.hf) whose "
-        "architecture becomes this model section and whose weights start the run", "")
 
-    def __post_init__(self):
-        _require_choices(self, "model")
-        _require_at_least(self, "model", vocab_size=1, d_model=1, num_heads=1, max_seq_len=1, d_ff=0)
-        _require(self.d_model % self.num_heads == 0, "model.d_model",
-                 f"{self.d_model} is not divisible by model.num_heads={self.num_heads}")
-        kv_heads = self.attention.num_kv_heads or self.num_heads
-        _require(self.num_heads % kv_heads == 0, "model.attention.num_kv_heads",
-                 f"{kv_heads} does not divide model.num_heads={self.num_heads}")
-        _require(len(self.mixers) >= 1, "model.mixers", "needs at least one layer")
-        _require(self.init_from == "" or self.init_from.startswith("hf:") and len(self.init_from) > 3,
-                 "model.init_from", f"must be '' or hf:DIR (a Hugging Face directory), got {self.init_from!r}")
-        _require(self.init_std > 0, "model.init_std", "must be > 0")
-        _require(self.norm_eps > 0, "model.norm_eps", f"must be > 0 (RMSNorm divides by sqrt(mean + eps)), got "
-                                                      f"{self.norm_eps}")
-        # A mixer's section is checked against the model only when a layer uses that mixer.
-        _require(not self._uses("atlas") or self.atlas.poly_degree == 1 or self.atlas.poly_key_dim <= self.head_dim,
-                 "model.atlas.poly_key_dim",
-                 f"{self.atlas.poly_key_dim} exceeds the head dimension d_model / num_heads = {self.head_dim}")
-        _require(self.kind == "looped" or self.attention.causal, "model.attention.causal",
-                 "false (bidirectional) is for the looped model's blocks (model.looped.attention); a decoder LM "
-                 "must be causal")
-        _require(self.kind != "looped" or self.looped.positions == "rope" or self.d_model % 2 == 0,
-                 "model.looped.positions",
-                 f"rope+sinusoidal needs an even model.d_model (sine and cosine pairs), got {self.d_model}")
-        if self.kind == "ahn":
-            self._check_ahn()
-        inner = self.mamba2.expand * self.d_model
-        _require(not (self._uses("mamba2") or self._uses("muonssm_mamba2")) or not self.mamba2.head_dim
-                 or inner % self.mamba2.head_dim == 0, "model.mamba2.head_dim",
-                 f"{self.mamba2.head_dim} does not divide model.mamba2.expand * model.d_model = {inner}")
+def model_config_class(sections: dict[str, SectionEntry]) -> type:
+    """The frozen dataclass ``ModelConfig``: ``ModelConfigBase``'s keys, then one field per entry of
+    ``sections`` (``model.<name>``, defaulting to the section's defaults), in the order given."""
+    own = {field.name for field in dataclasses.fields(ModelConfigBase)}
+    for name in sections:
+        if name in own:
+            raise ValueError(f"config section model.{name} would replace the model key model.{name}; "
+                             "register the section under another name")
+    fields = [(name, entry.section, describe(entry.description, factory=entry.section))
+              for name, entry in sections.items()]
+    return dataclasses.make_dataclass(
+        "ModelConfig", fields, bases=(ModelConfigBase,), frozen=True, module=__name__,
+        namespace={"__doc__": ModelConfigBase.__doc__, "__post_init__": _model_post_init})
 
-    def _check_ahn(self) -> None:
-        """An AHN base is Transformer++ (every layer full causal attention); AHN runs its layers unscanned."""
-        other = [name for name in self.mixers if name != "attention"] or [""]
-        _require(not other[0], "model.ahn.base",
-                 f"layers of mixer {other[0]!r}: the compressors reuse each layer's attention queries, keys and "
-                 "values, so every layer of the base must be 'attention'")
-        _require(not self.scan_layers, "model.scan_layers", "must be false for model.kind = ahn")
-        _require(self.remat == "none", "model.remat", "must be none for model.kind = ahn (its layers are not "
-                                                      "rematerialised)")
-        _require(self.attention.conv_kernel == 0 and not self.attention.qk_norm, "model.ahn.base",
-                 "the base's attention has a short convolution or q/k norm; AHN takes a Llama / Qwen2 layout")
 
-    @property
-    def mixers_in_use(self) -> tuple[str, ...]:
-        """The registered mixers the model builds: ``mixers`` of an LM, the looped block's ``looped.mixer``."""
-        return (self.looped.mixer,) if self.kind == "looped" else self.mixers
-
-    def _uses(self, family: str) -> bool:
-        """A layer uses a mixer named ``family`` or ``family_*`` (``atlas`` covers ``atlas_mag``, ``atlas_mal``)."""
-        return any(name == family or name.startswith(family + "_") for name in self.mixers_in_use)
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.num_heads
-
-    @property
-    def attention_head_dim(self) -> int:
-        """Width of an attention head: ``model.attention.head_dim``, or ``d_model / num_heads`` when 0."""
-        return self.attention.head_dim or self.head_dim
-
-    @property
-    def mlp_hidden(self) -> int:
-        if self.d_ff:
-            return self.d_ff
-        return -(-(8 * self.d_model // 3) // 64) * 64
+ModelConfig = model_config_class(registered_sections())
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""The pieces every configuration section is made of: the error type, described fields, checks."""
+"""The pieces every configuration section is made of: the error type, described fields, checks,
+and the value types several sections share."""
 
 from __future__ import annotations
 
@@ -6,6 +7,12 @@ import dataclasses
 import functools
 import typing
 from dataclasses import field
+from typing import Literal
+
+# pallas_kernels implementations (pallas_kernels._common.IMPLS): model.kernel_impl, optim.muon_impl.
+KernelImpl = Literal["auto", "reference", "xla", "pallas", "pallas_triton", "pallas_tpu"]
+# Newton-Schulz polynomial schedules (pallas_kernels.newton_schulz): model.atlas, model.muonssm.
+NsCoefficients = Literal["muon", "polar_express"]
 
 
 class ConfigError(ValueError):
@@ -17,6 +24,11 @@ def describe(text: str, default=dataclasses.MISSING, factory=dataclasses.MISSING
     if factory is not dataclasses.MISSING:
         return field(default_factory=factory, metadata={"help": text})
     return field(default=default, metadata={"help": text})
+
+
+def is_chunk_size(value: int) -> bool:
+    """A chunk length of the chunked kernels: a power of two >= 16."""
+    return value >= 16 and value & (value - 1) == 0
 
 
 def _require(ok: bool, key: str, message: str) -> None:

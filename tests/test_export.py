@@ -11,9 +11,10 @@ from flax import nnx
 
 import export as export_entry
 import train as train_entry
-from seqmodels.config import AttentionConfig, ModelConfig
+from seqmodels.config import ModelConfig
 from seqmodels.hf import load_pretrained
 from seqmodels.hf.export import export_model
+from seqmodels.mixers.attention import AttentionConfig
 from seqmodels.models import build_model
 
 LLAMA = ModelConfig(vocab_size=101, d_model=64, num_heads=4, mixers=("attention",) * 2, d_ff=96,

@@ -30,10 +30,10 @@ from flax import nnx
 
 from seqmodels.config import Config, ModelConfig
 from seqmodels.config_ahn import AHNConfig, DEFAULT_AHN_BASE
-from seqmodels.config_mixers import AttentionConfig
 from seqmodels.data.pipeline import make_train_dataset
 from seqmodels.evaluation.ahn import evaluate_ahn, markdown_table
 from seqmodels.hf.base import resolve_base, start_params
+from seqmodels.mixers.attention import AttentionConfig
 from seqmodels.models import build_model
 from seqmodels.models.ahn import trainable_path
 from seqmodels.optim.build import build_optimizer

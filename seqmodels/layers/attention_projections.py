@@ -18,7 +18,7 @@ import jax
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
-from seqmodels.config import ModelConfig
+from seqmodels.config_model import ModelConfigBase
 from seqmodels.layers.common import Dense, DenseOut
 from seqmodels.layers.norms import RMSNorm
 from seqmodels.layers.rotary import apply_rotary
@@ -28,7 +28,7 @@ from seqmodels.sharding import constrain
 class AttentionProjections(nnx.Module):
     """Base of the attention modules: builds the projections and norms; ``rotate`` finishes q, k, v."""
 
-    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    def __init__(self, config: ModelConfigBase, *, rngs: nnx.Rngs):
         heads, head_dim = config.num_heads, config.attention_head_dim
         kv_heads = config.attention.num_kv_heads or heads
         std = config.init_std

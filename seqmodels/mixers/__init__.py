@@ -1,7 +1,16 @@
-"""Sequence mixers, one file each; importing this package registers them all (see ``registry``)."""
+"""Sequence mixers, one file each; importing this package imports every module in it, so each
+registers its mixers and config sections (see ``registry``) without being listed here."""
 
-from seqmodels.mixers.registry import (MIXERS, Mixer, build_mixer, check_mixer_names,  # noqa: F401
-                                       mixer_flops_per_token, register)
-from seqmodels.mixers import attention  # noqa: F401,E402  (registers attention, swa)
-from seqmodels.mixers import atlas, atlas_hybrids  # noqa: F401,E402  (registers atlas, atlas_mag, atlas_mal)
-from seqmodels.mixers import mamba2, deltanet, muonssm, longhorn  # noqa: F401,E402  (register the recurrent mixers)
+import importlib
+import pkgutil
+
+from seqmodels.mixers.registry import (MIXERS, SECTIONS, Mixer, build_mixer, check_mixer_names,  # noqa: F401
+                                       mixer_flops_per_token, register, register_section)
+
+
+def _import_every_module() -> None:
+    for name in sorted(info.name for info in pkgutil.iter_modules(__path__)):
+        importlib.import_module(f"{__name__}.{name}")
+
+
+_import_every_module()

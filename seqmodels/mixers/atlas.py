@@ -73,6 +73,8 @@ matrices (``F D`` linear; ``F E + E D`` deep):
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
@@ -81,12 +83,86 @@ from flax import nnx
 from pallas_kernels.atlas_memory import (AtlasInputs, AtlasSettings, MemoryLayout, atlas_memory, atlas_memory_step,
                                          init_state)
 
-from seqmodels.config import ModelConfig
+from seqmodels.config_base import NsCoefficients, _require, _require_at_least, _require_choices, describe
+from seqmodels.config_model import ModelConfigBase
 from seqmodels.layers.common import Dense, DenseOut, constant_param, param
 from seqmodels.layers.conv import ShortConv
 from seqmodels.layers.norms import RMSNorm
-from seqmodels.mixers.registry import register
+from seqmodels.mixers.registry import register, register_section
 from seqmodels.sharding import constrain, kernel_spec
+
+
+@dataclass(frozen=True)
+class AtlasConfig:
+    """``model.atlas``: the ``atlas`` memory mixer (and the memory branch of ``atlas_mag`` / ``atlas_mal``)."""
+
+    window: int = describe("Omega-rule window c: tokens whose losses each memory update optimises (1 = Titans)", 8)
+    chunk_size: int = describe("chunk b of the parallel form: gradients are taken at the memory of the chunk start",
+                               16)
+    poly_degree: int = describe("degree p of the polynomial feature map of keys and queries (1 = identity)", 2)
+    poly_key_dim: int = describe("key coordinates entering the degree >= 2 features (their count is r^i)", 8)
+    ns_steps: int = describe("Newton-Schulz steps k applied to the momentum (0 = off: plain momentum)", 5)
+    ns_coefficients: NsCoefficients = describe("Newton-Schulz polynomial schedule", "muon")
+    memory_depth: int = describe("memory: 1 = a matrix (linear), 2 = a 2-layer MLP with a residual", 2)
+    memory_expansion: int = describe("hidden width of the MLP memory, in multiples of the head dimension", 2)
+    memory_norm: bool = describe(
+        "LayerNorm the memory's branch with a learned per-head gain and add the residual: M(phi) = phi[:D] + "
+        "g * LN(MLP(phi)) (the Titans reference code's ResidualNorm; the gain is an outer parameter)", False)
+    conv_size: int = describe("short causal convolution over q, k, v (1 = pointwise)", 4)
+    alpha_range: tuple[float, ...] = describe("[low, high] of the memory retention gate alpha_t, within [0, 1]",
+                                              factory=lambda: (0.9, 1.0))
+    theta_range: tuple[float, ...] = describe("[low, high] of the momentum gate theta_t, within [0, 1]",
+                                              factory=lambda: (0.0, 0.5))
+    eta_range: tuple[float, ...] = describe(
+        "[low, high] of the inner learning rate eta_t, >= 0; with ns_steps = 0 a token's loss moves a linear "
+        "memory by ~2 eta gamma window of its error (unit keys): ~0.5 / window writes, far less barely does",
+        factory=lambda: (0.0, 0.05))
+    gamma_range: tuple[float, ...] = describe("[low, high] of the per-token window weight gamma_t, within [0, 1]",
+                                              factory=lambda: (0.0, 1.0))
+    eta_scales: Literal["auto", "gradient", "update"] = describe(
+        "where eta_t enters: update (S_t = theta S - G, M_t = alpha M + eta NS_k(S_t): the Atlas paper's Eq. 32, "
+        "Muon's learning rate) | gradient (S_t = theta S - eta G, M_t = alpha M + NS_k(S_t): Titans' momentum, "
+        "where NS_k, scale-invariant, erases eta once ns_steps > 0) | auto: update when ns_steps > 0, else gradient "
+        "(Titans' rule, the same memory as update for ns_steps = 0 up to where eta_t is applied)", "auto")
+    grad_clip: float = describe(
+        "tau: each token's inner gradient is scaled to norm <= tau before the window sum (0 = off). Bounds every "
+        "memory update, so a chunk whose gradients overshoot (all taken at the chunk start) cannot blow up", 0.0)
+
+    def __post_init__(self):
+        _require_choices(self, "model.atlas")
+        _require_at_least(self, "model.atlas", window=1, chunk_size=1, memory_expansion=1, conv_size=1,
+                          poly_key_dim=1)
+        _require(1 <= self.poly_degree <= 4, "model.atlas.poly_degree", f"must be in [1, 4], got {self.poly_degree}")
+        _require(0 <= self.ns_steps <= 10, "model.atlas.ns_steps", f"must be in [0, 10], got {self.ns_steps}")
+        _require(self.memory_depth in (1, 2), "model.atlas.memory_depth",
+                 f"must be 1 (linear memory) or 2 (MLP memory), got {self.memory_depth}")
+        _require(self.grad_clip >= 0, "model.atlas.grad_clip", f"must be >= 0 (0 = off), got {self.grad_clip}")
+        for name, upper in (("alpha", 1.0), ("theta", 1.0), ("eta", None), ("gamma", 1.0)):
+            self._check_range(name, upper)
+
+    def check_model(self, model: ModelConfigBase) -> None:
+        """The degree >= 2 features take ``poly_key_dim`` of a head's ``d_model / num_heads`` key coordinates."""
+        _require(self.poly_degree == 1 or self.poly_key_dim <= model.head_dim, "model.atlas.poly_key_dim",
+                 f"{self.poly_key_dim} exceeds the head dimension d_model / num_heads = {model.head_dim}")
+
+    @property
+    def eta_rule(self) -> str:
+        """``eta_scales`` resolved: ``auto`` is ``update`` when ``ns_steps > 0`` (Newton-Schulz), else ``gradient``."""
+        if self.eta_scales != "auto":
+            return self.eta_scales
+        return "update" if self.ns_steps > 0 else "gradient"
+
+    def _check_range(self, name: str, upper: float | None) -> None:
+        key, bounds = f"model.atlas.{name}_range", getattr(self, f"{name}_range")
+        _require(len(bounds) == 2, key, f"must be [low, high], got {list(bounds)}")
+        low, high = bounds
+        _require(low <= high, key, f"is empty: low {low} > high {high}")
+        allowed = "[0, inf)" if upper is None else f"[0, {upper}]"
+        _require(low >= 0.0 and (upper is None or high <= upper), key, f"must lie within {allowed}, got {list(bounds)}")
+
+
+register_section("atlas", AtlasConfig, "Atlas / Titans memory settings")
+
 
 GATES = ("alpha", "theta", "eta", "gamma")
 # Initial bias of each gate's logit: alpha starts at 0.953 of its range (0.995 for [0.9, 1], a
@@ -118,14 +194,14 @@ def feature_map(keys: jax.Array, coefficients: jax.Array | None, poly_key_dim: i
     return jnp.concatenate(blocks, axis=-1)
 
 
-def memory_layout(config: ModelConfig) -> MemoryLayout:
+def memory_layout(config: ModelConfigBase) -> MemoryLayout:
     atlas, head_dim = config.atlas, config.head_dim
     features = feature_dim(head_dim, atlas.poly_degree, atlas.poly_key_dim)
     hidden = atlas.memory_expansion * head_dim if atlas.memory_depth == 2 else 0
     return MemoryLayout(features, head_dim, hidden, norm=atlas.memory_norm)
 
 
-def atlas_settings(config: ModelConfig) -> AtlasSettings:
+def atlas_settings(config: ModelConfigBase) -> AtlasSettings:
     atlas = config.atlas
     return AtlasSettings(memory_layout(config), window=atlas.window, chunk_size=atlas.chunk_size,
                          ns_steps=atlas.ns_steps, ns_coefficients=atlas.ns_coefficients, ns_dtype=config.compute_dtype,
@@ -156,7 +232,7 @@ def memory_diagnostics(inputs: AtlasInputs, y: jax.Array, final_memory: tuple) -
 class Atlas(nnx.Module):
     """The Atlas memory mixer (module docstring); ``x [B, T, d_model] -> (y [B, T, d_model], cache)``."""
 
-    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    def __init__(self, config: ModelConfigBase, *, rngs: nnx.Rngs):
         atlas, heads, head_dim, d_model = config.atlas, config.num_heads, config.head_dim, config.d_model
         std = config.init_std
         self.settings, self.impl = atlas_settings(config), config.kernel_impl
@@ -250,11 +326,11 @@ def memory_flops_per_token(settings: AtlasSettings) -> float:
     return inner + window + settings.ns_steps * ns + 2 * size + norm
 
 
-def atlas_flops(config: ModelConfig, seq_len: int) -> float:
+def atlas_flops(config: ModelConfigBase, seq_len: int) -> float:
     """Forward FLOPs per token of one ``atlas`` layer (module docstring); independent of ``seq_len``."""
     heads, head_dim, d_model = config.num_heads, config.head_dim, config.d_model
     projections = 2 * d_model * 4 * heads * head_dim + 2 * d_model * 4 * heads + 2 * heads * head_dim * d_model
     return projections + heads * memory_flops_per_token(atlas_settings(config))
 
 
-register("atlas", lambda config, rngs: Atlas(config, rngs=rngs), atlas_flops)
+register("atlas", lambda config, rngs: Atlas(config, rngs=rngs), atlas_flops, sections=("atlas",))

@@ -23,20 +23,22 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from seqmodels.config import ModelConfig
+from seqmodels.config_model import ModelConfigBase
 from seqmodels.layers.common import Dense
 from seqmodels.layers.norms import RMSNorm
 from seqmodels.mixers.atlas import Atlas, atlas_flops
 from seqmodels.mixers.attention import Attention
 from seqmodels.mixers.registry import mixer_flops_per_token, register
 
+HYBRID_SECTIONS = ("atlas", "attention", "swa")  # the memory branch and the sliding window
 
-def _sliding_window(config: ModelConfig, rngs: nnx.Rngs) -> Attention:
+
+def _sliding_window(config: ModelConfigBase, rngs: nnx.Rngs) -> Attention:
     return Attention(config, window=config.swa.window, num_sinks=config.swa.num_sinks, rngs=rngs)
 
 
 class _Hybrid(nnx.Module):
-    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    def __init__(self, config: ModelConfigBase, *, rngs: nnx.Rngs):
         self.memory = Atlas(config, rngs=rngs)
         self.attention = _sliding_window(config, rngs)
 
@@ -48,7 +50,7 @@ class _Hybrid(nnx.Module):
 class AtlasMAG(_Hybrid):
     """Memory and sliding-window attention side by side, mixed by a learned elementwise gate."""
 
-    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    def __init__(self, config: ModelConfigBase, *, rngs: nnx.Rngs):
         super().__init__(config, rngs=rngs)
         self.gate = Dense(config.d_model, config.d_model, "embed", None, rngs=rngs, std=config.init_std,
                           use_bias=True)
@@ -66,7 +68,7 @@ class AtlasMAG(_Hybrid):
 class AtlasMAL(_Hybrid):
     """The memory layer, then sliding-window attention on its (residual) output."""
 
-    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    def __init__(self, config: ModelConfigBase, *, rngs: nnx.Rngs):
         super().__init__(config, rngs=rngs)
         self.attention_norm = RMSNorm(config.d_model, eps=config.norm_eps)
 
@@ -78,12 +80,12 @@ class AtlasMAL(_Hybrid):
         return memory + attended, None if cache is None else {"memory": memory_cache, "attention": attention_cache}
 
 
-def _hybrid_flops(config: ModelConfig, seq_len: int, gate: bool) -> float:
+def _hybrid_flops(config: ModelConfigBase, seq_len: int, gate: bool) -> float:
     flops = atlas_flops(config, seq_len) + mixer_flops_per_token("swa", config, seq_len)
     return flops + (2 * config.d_model**2 if gate else 0)
 
 
 register("atlas_mag", lambda config, rngs: AtlasMAG(config, rngs=rngs),
-         lambda config, seq_len: _hybrid_flops(config, seq_len, gate=True))
+         lambda config, seq_len: _hybrid_flops(config, seq_len, gate=True), sections=HYBRID_SECTIONS)
 register("atlas_mal", lambda config, rngs: AtlasMAL(config, rngs=rngs),
-         lambda config, seq_len: _hybrid_flops(config, seq_len, gate=False))
+         lambda config, seq_len: _hybrid_flops(config, seq_len, gate=False), sections=HYBRID_SECTIONS)

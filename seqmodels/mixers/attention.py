@@ -26,23 +26,81 @@ window.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Literal
+
 import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
-from seqmodels.config import ConfigError, ModelConfig
+from seqmodels.config_base import ConfigError, _require, _require_at_least, _require_choices, describe
+from seqmodels.config_model import ModelConfigBase
 from seqmodels.layers.attention import (attend, attend_rows, cache_capacity, init_kv_cache, update_kv_cache,
                                         visibility_mask)
 from seqmodels.layers.attention_projections import AttentionProjections
 from seqmodels.layers.conv import ShortConv
-from seqmodels.mixers.registry import register
+from seqmodels.mixers.registry import register, register_section
 from seqmodels.sharding import constrain
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    """Settings shared by the attention mixers (``attention`` and ``swa``)."""
+
+    num_kv_heads: int = describe("key/value heads (grouped-query attention); 0 = model.num_heads", 0)
+    head_dim: int = describe("width of each query/key/value head; 0 = model.d_model / model.num_heads", 0)
+    qkv_bias: bool = describe("learned biases on the query, key and value projections (Qwen2)", False)
+    rope_theta: float = describe("rotary embedding base", 10000.0)
+    qk_norm: bool = describe("RMS-normalise queries and keys per head before the dot product", False)
+    implementation: Literal["auto", "xla", "cudnn", "splash", "flash", "banded"] = describe(
+        "attention kernel over training rows: auto (splash on TPU; on GPU cuDNN for rows without segment ids, "
+        "else flash; banded for swa with sinks on TPU and GPU; xla where none applies and on CPU), xla "
+        "(explicit [T, T] mask), cudnn, splash (TPU), flash (Pallas Triton with segment ids, GPU), banded "
+        "(sliding window + sinks in linear memory, plain XLA, swa only); splash and flash run in interpret "
+        "mode on CPU", "auto")
+    conv_kernel: int = describe("width of a short causal depthwise convolution over q, k, v; 0 = none", 0)
+    causal: bool = describe("causal (a query sees keys up to itself) or bidirectional (every key of its segment); "
+                            "the looped model sets it from model.looped.attention", True)
+
+    def __post_init__(self):
+        _require_choices(self, "model.attention")
+        _require(self.num_kv_heads >= 0, "model.attention.num_kv_heads", "must be >= 0")
+        _require(self.head_dim >= 0 and self.head_dim % 2 == 0, "model.attention.head_dim",
+                 f"must be 0 or a positive even width (RoPE rotates pairs), got {self.head_dim}")
+        _require(self.conv_kernel >= 0, "model.attention.conv_kernel", f"must be >= 0, got {self.conv_kernel}")
+        _require(self.rope_theta > 0, "model.attention.rope_theta", "must be > 0")
+
+    def check_model(self, model: ModelConfigBase) -> None:
+        """Key/value heads divide the query heads; only the looped model's blocks may be bidirectional."""
+        kv_heads = self.num_kv_heads or model.num_heads
+        _require(model.num_heads % kv_heads == 0, "model.attention.num_kv_heads",
+                 f"{kv_heads} does not divide model.num_heads={model.num_heads}")
+        _require(model.kind == "looped" or self.causal, "model.attention.causal",
+                 "false (bidirectional) is for the looped model's blocks (model.looped.attention); a decoder LM "
+                 "must be causal")
+
+
+register_section("attention", AttentionConfig, "attention settings")
+
+
+@dataclass(frozen=True)
+class SlidingWindowConfig:
+    """The ``swa`` mixer: causal attention over the last ``window`` tokens plus ``num_sinks`` sink tokens."""
+
+    window: int = describe("tokens each query sees, itself included", 256)
+    num_sinks: int = describe("first tokens of each document every query also sees (attention sinks)", 0)
+
+    def __post_init__(self):
+        _require_at_least(self, "model.swa", window=1, num_sinks=0)
+
+
+register_section("swa", SlidingWindowConfig, "sliding-window attention settings")
 
 
 class Attention(AttentionProjections):
     """Causal multi-head attention; ``window=None`` for full context, else sliding window + sinks."""
 
-    def __init__(self, config: ModelConfig, *, window: int | None, num_sinks: int, rngs: nnx.Rngs):
+    def __init__(self, config: ModelConfigBase, *, window: int | None, num_sinks: int, rngs: nnx.Rngs):
         super().__init__(config, rngs=rngs)
         self.window, self.num_sinks, self.causal = window, num_sinks, config.attention.causal
         if window is not None and not self.causal:
@@ -113,7 +171,7 @@ def mean_visible_keys(seq_len: int, window: int | None, num_sinks: int = 0, *, c
     return (full * (full + 1) / 2 + (seq_len - full) * limit) / seq_len
 
 
-def _flops(config: ModelConfig, seq_len: int, window: int | None, num_sinks: int) -> float:
+def _flops(config: ModelConfigBase, seq_len: int, window: int | None, num_sinks: int) -> float:
     heads, head_dim = config.num_heads, config.attention_head_dim
     kv_heads = config.attention.num_kv_heads or heads
     projections = 2 * config.d_model * (2 * heads * head_dim + 2 * kv_heads * head_dim)
@@ -124,8 +182,9 @@ def _flops(config: ModelConfig, seq_len: int, window: int | None, num_sinks: int
 
 register("attention",
          lambda config, rngs: Attention(config, window=None, num_sinks=0, rngs=rngs),
-         lambda config, seq_len: _flops(config, seq_len, None, 0))
+         lambda config, seq_len: _flops(config, seq_len, None, 0), sections=("attention",))
 register("swa",
          lambda config, rngs: Attention(config, window=config.swa.window, num_sinks=config.swa.num_sinks,
                                         rngs=rngs),
-         lambda config, seq_len: _flops(config, seq_len, config.swa.window, config.swa.num_sinks))
+         lambda config, seq_len: _flops(config, seq_len, config.swa.window, config.swa.num_sinks),
+         sections=("attention", "swa"))

@@ -30,25 +30,47 @@ solve C(K + V), query-key scores 2CK and their product with the corrected values
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from pallas_kernels import gated_delta_rule
-from seqmodels.config import ModelConfig
+from seqmodels.config_base import _require, _require_at_least, describe, is_chunk_size
+from seqmodels.config_model import ModelConfigBase
 from seqmodels.layers.common import Dense, DenseOut, constant_param
 from seqmodels.layers.conv import ShortConv
 from seqmodels.layers.decay import a_log_init, dt_bias_init, step_and_log_decay
 from seqmodels.layers.norms import RMSNorm
 from seqmodels.layers.segments import reset_at_document_starts
-from seqmodels.mixers.registry import register
+from seqmodels.mixers.registry import register, register_section
 from seqmodels.sharding import constrain, kernel_spec
+
+
+@dataclass(frozen=True)
+class DeltaNetConfig:
+    """The ``deltanet`` and ``gated_deltanet`` mixers (and the backbone of ``muonssm_gated_deltanet``)."""
+
+    head_dim: int = describe("K: query/key width per head; 0 = d_model / model.num_heads", 0)
+    value_head_dim: int = describe("V: value width per head; 0 = the key width K", 0)
+    conv_kernel: int = describe("width of the short causal depthwise convolution over q, k, v", 4)
+    chunk_size: int = describe("tokens per chunk of the chunked training form (power of two >= 16)", 64)
+
+    def __post_init__(self):
+        _require_at_least(self, "model.deltanet", head_dim=0, value_head_dim=0, conv_kernel=1)
+        _require(is_chunk_size(self.chunk_size), "model.deltanet.chunk_size",
+                 f"must be a power of two >= 16, got {self.chunk_size}")
+
+
+register_section("deltanet", DeltaNetConfig, "DeltaNet / Gated DeltaNet settings")
+
 
 L2_EPS = 1e-6
 DT_RANGE = (1e-3, 1e-1)  # initial softplus(W_a u + dt_bias), log-uniform (seqmodels.layers.decay)
 
 
-def deltanet_shape(config: ModelConfig) -> tuple[int, int, int]:
+def deltanet_shape(config: ModelConfigBase) -> tuple[int, int, int]:
     """``(heads H, key width K, value width V)`` per head of the DeltaNet mixers under ``config``."""
     key_dim = config.deltanet.head_dim or config.d_model // config.num_heads
     return config.num_heads, key_dim, config.deltanet.value_head_dim or key_dim
@@ -63,7 +85,7 @@ def l2_normalize(x: jax.Array) -> jax.Array:
 class DeltaNet(nnx.Module):
     """DeltaNet (``gated=False``) or Gated DeltaNet (``gated=True``)."""
 
-    def __init__(self, config: ModelConfig, *, gated: bool, rngs: nnx.Rngs):
+    def __init__(self, config: ModelConfigBase, *, gated: bool, rngs: nnx.Rngs):
         settings, std, width = config.deltanet, config.init_std, config.d_model
         heads, key_dim, value_dim = deltanet_shape(config)
         self.heads, self.key_dim, self.value_dim, self.gated = heads, key_dim, value_dim, gated
@@ -137,7 +159,7 @@ class DeltaNet(nnx.Module):
                 "state": jnp.zeros((batch_size, self.heads, self.key_dim, self.value_dim), jnp.float32)}
 
 
-def deltanet_flops(config: ModelConfig, seq_len: int, *, gated: bool, core_per_head=None) -> float:
+def deltanet_flops(config: ModelConfigBase, seq_len: int, *, gated: bool, core_per_head=None) -> float:
     """Forward FLOPs per token (module docstring); ``core_per_head(C, K, V)`` replaces the delta-rule term."""
     heads, key_dim, value_dim = deltanet_shape(config)
     width, conv, chunk = config.d_model, config.deltanet.conv_kernel, min(config.deltanet.chunk_size, seq_len)
@@ -153,6 +175,6 @@ def _delta_rule_flops(chunk: int, key_dim: int, value_dim: int) -> float:
 
 
 register("deltanet", lambda config, rngs: DeltaNet(config, gated=False, rngs=rngs),
-         lambda config, seq_len: deltanet_flops(config, seq_len, gated=False))
+         lambda config, seq_len: deltanet_flops(config, seq_len, gated=False), sections=("deltanet",))
 register("gated_deltanet", lambda config, rngs: DeltaNet(config, gated=True, rngs=rngs),
-         lambda config, seq_len: deltanet_flops(config, seq_len, gated=True))
+         lambda config, seq_len: deltanet_flops(config, seq_len, gated=True), sections=("deltanet",))

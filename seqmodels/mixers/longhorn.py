@@ -44,6 +44,7 @@ projections ``2 d (2 D) + 2 D (2 N + R) + 2 R D + 2 D d``, convolution ``2 K D``
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
@@ -52,14 +53,35 @@ from flax import nnx
 from pallas_kernels.linear_scan import linear_scan
 from pallas_kernels.momentum_scan import rank_one_scale
 
-from seqmodels.config import ModelConfig
+from seqmodels.config_base import _require, _require_at_least, describe
+from seqmodels.config_model import ModelConfigBase
 from seqmodels.layers.common import Dense, constant_param
 from seqmodels.layers.conv import ShortConv
 from seqmodels.layers.segments import document_starts
-from seqmodels.mixers.registry import register
+from seqmodels.mixers.registry import register, register_section
 
 
-def longhorn_shape(config: ModelConfig) -> tuple[int, int, int]:
+@dataclass(frozen=True)
+class LonghornConfig:
+    """The ``longhorn`` mixer (and the backbone of ``muonssm_longhorn``): per-channel online regression."""
+
+    state_dim: int = describe("N: state width per channel (the width of k_t and q_t)", 16)
+    expand: int = describe("channels D = expand * d_model", 2)
+    conv_kernel: int = describe("width of the short causal depthwise convolution over the input u", 4)
+    dt_rank: int = describe("R: rank of the step-size projection; 0 = ceil(d_model / 16)", 0)
+    dt_min: float = describe("smallest initial step size sigmoid(t_bias) (log-uniform initialisation)", 1e-3)
+    dt_max: float = describe("largest initial step size sigmoid(t_bias), < 1", 1e-1)
+
+    def __post_init__(self):
+        _require_at_least(self, "model.longhorn", state_dim=1, expand=1, conv_kernel=1, dt_rank=0)
+        _require(0 < self.dt_min <= self.dt_max < 1, "model.longhorn.dt_min",
+                 f"need 0 < dt_min <= dt_max < 1, got dt_min={self.dt_min}, dt_max={self.dt_max}")
+
+
+register_section("longhorn", LonghornConfig, "LongHorn settings (longhorn, muonssm_longhorn)")
+
+
+def longhorn_shape(config: ModelConfigBase) -> tuple[int, int, int]:
     """``(channels D, state_dim N, dt rank R)`` of the LongHorn mixers under ``config``."""
     settings = config.longhorn
     return settings.expand * config.d_model, settings.state_dim, settings.dt_rank or math.ceil(config.d_model / 16)
@@ -74,7 +96,7 @@ def _logit_dt_init(key, channels: int, dt_min: float, dt_max: float) -> jax.Arra
 class LongHorn(nnx.Module):
     """The LongHorn mixer (module docstring); ``x [B, T, d_model] -> (y [B, T, d_model], cache)``."""
 
-    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    def __init__(self, config: ModelConfigBase, *, rngs: nnx.Rngs):
         settings, std, width = config.longhorn, config.init_std, config.d_model
         channels, state_dim, rank = longhorn_shape(config)
         self.channels, self.state_dim, self.impl = channels, state_dim, config.kernel_impl
@@ -126,7 +148,7 @@ class LongHorn(nnx.Module):
 class MuonSSMLongHorn(LongHorn):
     """LongHorn with the MuonSSM velocity over Newton-Schulz-conditioned injections (module docstring)."""
 
-    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    def __init__(self, config: ModelConfigBase, *, rngs: nnx.Rngs):
         super().__init__(config, rngs=rngs)
         settings = config.muonssm
         self.gamma, self.tau, self.ns_steps = settings.gamma, settings.tau, settings.ns_steps
@@ -158,7 +180,7 @@ class MuonSSMLongHorn(LongHorn):
         return cache if self.gamma == 0 else {**cache, "velocity": jnp.zeros_like(cache["state"])}
 
 
-def longhorn_flops(config: ModelConfig, seq_len: int, *, momentum: bool = False) -> float:
+def longhorn_flops(config: ModelConfigBase, seq_len: int, *, momentum: bool = False) -> float:
     """Forward FLOPs per token (module docstring)."""
     del seq_len  # a diagonal scan costs the same at every position
     channels, state_dim, rank = longhorn_shape(config)
@@ -169,6 +191,7 @@ def longhorn_flops(config: ModelConfig, seq_len: int, *, momentum: bool = False)
     return projections + 2 * config.longhorn.conv_kernel * channels + scan
 
 
-register("longhorn", lambda config, rngs: LongHorn(config, rngs=rngs), longhorn_flops)
+register("longhorn", lambda config, rngs: LongHorn(config, rngs=rngs), longhorn_flops, sections=("longhorn",))
 register("muonssm_longhorn", lambda config, rngs: MuonSSMLongHorn(config, rngs=rngs),
-         lambda config, seq_len: longhorn_flops(config, seq_len, momentum=config.muonssm.gamma != 0))
+         lambda config, seq_len: longhorn_flops(config, seq_len, momentum=config.muonssm.gamma != 0),
+         sections=("longhorn", "muonssm"))

@@ -38,22 +38,61 @@ their product with v, the chunk-state update and the read-out of the carried sta
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Literal
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from pallas_kernels import chunk_gla
-from seqmodels.config import ModelConfig
+from seqmodels.config_base import _require, _require_at_least, _require_choices, describe, is_chunk_size
+from seqmodels.config_model import ModelConfigBase
 from seqmodels.layers.common import Dense, DenseOut, constant_param
 from seqmodels.layers.conv import ShortConv
 from seqmodels.layers.decay import a_log_init, dt_bias_init, step_and_log_decay
 from seqmodels.layers.norms import RMSNorm
 from seqmodels.layers.segments import reset_at_document_starts
-from seqmodels.mixers.registry import register
+from seqmodels.mixers.registry import register, register_section
 from seqmodels.sharding import constrain, kernel_spec
 
 
-def mamba2_shape(config: ModelConfig) -> tuple[int, int, int]:
+@dataclass(frozen=True)
+class Mamba2Config:
+    """The ``mamba2`` mixer (and the backbone of ``muonssm_mamba2``): SSD with a scalar decay per head."""
+
+    state_dim: int = describe("N: state width per channel (the width of B_t and C_t)", 64)
+    expand: int = describe("inner width = expand * d_model, split into heads of head_dim channels", 2)
+    head_dim: int = describe("P: channels per head; 0 = expand * d_model / model.num_heads", 0)
+    conv_kernel: int = describe("width of the short causal depthwise convolution over x, B, C", 4)
+    chunk_size: int = describe("tokens per chunk of the chunked training form (power of two >= 16)", 64)
+    dt_min: float = describe("smallest initial step size Delta (log-uniform initialisation)", 1e-3)
+    dt_max: float = describe("largest initial step size Delta", 1e-1)
+    gated_norm: Literal["after_gate", "per_head_before_gate"] = describe(
+        "output norm: after_gate (the reference Mamba2, norm_before_gate=False with one group: "
+        "RMSNorm(y * SiLU(z)) over all H * P channels, one [H * P] scale) | per_head_before_gate "
+        "(RMSNorm(y) * SiLU(z) per head with one shared [P] scale, as Gated DeltaNet; the rule of "
+        "checkpoints saved before the reference became the default)", "after_gate")
+
+    def __post_init__(self):
+        _require_choices(self, "model.mamba2")
+        _require_at_least(self, "model.mamba2", state_dim=1, expand=1, conv_kernel=1, head_dim=0)
+        _require(is_chunk_size(self.chunk_size), "model.mamba2.chunk_size",
+                 f"must be a power of two >= 16, got {self.chunk_size}")
+        _require(0 < self.dt_min <= self.dt_max, "model.mamba2.dt_min",
+                 f"need 0 < dt_min <= dt_max, got dt_min={self.dt_min}, dt_max={self.dt_max}")
+
+    def check_model(self, model: ModelConfigBase) -> None:
+        """The inner width ``expand * d_model`` splits into whole heads of ``head_dim`` channels."""
+        inner = self.expand * model.d_model
+        _require(not self.head_dim or inner % self.head_dim == 0, "model.mamba2.head_dim",
+                 f"{self.head_dim} does not divide model.mamba2.expand * model.d_model = {inner}")
+
+
+register_section("mamba2", Mamba2Config, "Mamba2 (SSD) settings")
+
+
+def mamba2_shape(config: ModelConfigBase) -> tuple[int, int, int]:
     """``(heads H, head_dim P, state_dim N)`` of the Mamba2 mixers under ``config``."""
     settings = config.mamba2
     inner = settings.expand * config.d_model
@@ -62,7 +101,7 @@ def mamba2_shape(config: ModelConfig) -> tuple[int, int, int]:
 
 
 class Mamba2(nnx.Module):
-    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    def __init__(self, config: ModelConfigBase, *, rngs: nnx.Rngs):
         settings, std, width = config.mamba2, config.init_std, config.d_model
         heads, head_dim, state_dim = mamba2_shape(config)
         self.heads, self.head_dim, self.state_dim = heads, head_dim, state_dim
@@ -137,7 +176,7 @@ class Mamba2(nnx.Module):
                 "state": jnp.zeros((batch_size, self.heads, self.state_dim, self.head_dim), jnp.float32)}
 
 
-def mamba2_flops(config: ModelConfig, seq_len: int, *, core_per_head=None) -> float:
+def mamba2_flops(config: ModelConfigBase, seq_len: int, *, core_per_head=None) -> float:
     """Forward FLOPs per token (module docstring); ``core_per_head(C, N, P)`` replaces the SSD term."""
     heads, head_dim, state_dim = mamba2_shape(config)
     width, conv, chunk = config.d_model, config.mamba2.conv_kernel, min(config.mamba2.chunk_size, seq_len)
@@ -151,4 +190,4 @@ def _ssd_flops(chunk: int, state_dim: int, head_dim: int) -> float:
     return 2 * chunk * (state_dim + head_dim) + 4 * state_dim * head_dim
 
 
-register("mamba2", lambda config, rngs: Mamba2(config, rngs=rngs), mamba2_flops)
+register("mamba2", lambda config, rngs: Mamba2(config, rngs=rngs), mamba2_flops, sections=("mamba2",))

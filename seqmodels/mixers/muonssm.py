@@ -69,16 +69,44 @@ two [C, C] x [C, V] read-outs, seven [K, V] state products). With ``gamma = 0`` 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Literal
 
 import jax.numpy as jnp
 
 from pallas_kernels.momentum_scan import (block_rank_one_scale, momentum_delta_rule, momentum_scalar_decay,
                                           rank_one_scale)
 
+from seqmodels.config_base import NsCoefficients, _require, _require_choices, describe
 from seqmodels.layers.segments import reset_at_document_starts
 from seqmodels.mixers.deltanet import DeltaNet, deltanet_flops
 from seqmodels.mixers.mamba2 import Mamba2, mamba2_flops
-from seqmodels.mixers.registry import register
+from seqmodels.mixers.registry import register, register_section
+
+
+@dataclass(frozen=True)
+class MuonSSMConfig:
+    """MuonSSM: momentum over Newton-Schulz-conditioned injections, ``M_t = gamma M_{t-1} + tau NS_k(U_t)``."""
+
+    gamma: float = describe("momentum decay gamma in [0, 1); 0 = no momentum", 0.9)
+    tau: float = describe("scale tau > 0 of the conditioned injection", 1.0)
+    ns_steps: int = describe("k: Newton-Schulz steps on each injection U_t; 0 = U_t unchanged", 1)
+    ns_coefficients: NsCoefficients = describe("Newton-Schulz polynomial schedule", "muon")
+    ns_eps: float = describe("epsilon of the Newton-Schulz input normalisation U / (||U||_F + eps)", 1e-7)
+    ns_scope: Literal["all", "head"] = describe(
+        "the matrix Newton-Schulz conditions per token: all (the MuonSSM code: one injection over every channel, "
+        "[D, N] with the key shared by all heads in mamba2 / longhorn, block-diagonal over heads in "
+        "gated_deltanet) | head (each head's [N, P] block on its own)", "all")
+
+    def __post_init__(self):
+        _require_choices(self, "model.muonssm")
+        _require(0.0 <= self.gamma < 1.0, "model.muonssm.gamma", f"must be in [0, 1), got {self.gamma}")
+        _require(self.tau > 0, "model.muonssm.tau", f"must be > 0, got {self.tau}")
+        _require(self.ns_steps >= 0, "model.muonssm.ns_steps", f"k must be >= 0, got {self.ns_steps}")
+        _require(self.ns_eps > 0, "model.muonssm.ns_eps", f"must be > 0, got {self.ns_eps}")
+
+
+register_section("muonssm", MuonSSMConfig, "MuonSSM settings (muonssm_* mixers)")
 
 
 class _Momentum:
@@ -185,6 +213,7 @@ def _muonssm_deltanet_flops(config, seq_len: int) -> float:
     return deltanet_flops(config, seq_len, gated=True, core_per_head=core)
 
 
-register("muonssm_mamba2", lambda config, rngs: MuonSSMMamba2(config, rngs=rngs), _muonssm_mamba2_flops)
+register("muonssm_mamba2", lambda config, rngs: MuonSSMMamba2(config, rngs=rngs), _muonssm_mamba2_flops,
+         sections=("mamba2", "muonssm"))
 register("muonssm_gated_deltanet", lambda config, rngs: MuonSSMGatedDeltaNet(config, rngs=rngs),
-         _muonssm_deltanet_flops)
+         _muonssm_deltanet_flops, sections=("deltanet", "muonssm"))

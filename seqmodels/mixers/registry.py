@@ -1,4 +1,5 @@
-"""The mixer registry: name -> how to build it and how many FLOPs it costs; the ``Mixer`` interface.
+"""The mixer registry: name -> how to build it, how many FLOPs it costs and which config sections it
+reads; the registered config sections; the ``Mixer`` interface.
 
 A mixer (``Mixer`` below) is an ``nnx.Module`` with ``__call__(x, *, segment_ids=None,
 positions=None, cache=None) -> (y, cache)`` over ``x: [B, T, d_model]`` and ``init_cache(batch_size,
@@ -10,18 +11,29 @@ model's shared block (``models/looped.py``) build any registered mixer through t
 ``flops_per_token(model_config, seq_len)`` is the *forward* matmul FLOPs per token of one layer of
 the mixer (2 FLOPs per multiply-add), averaged over the ``seq_len`` positions of a row; each mixer
 file documents its formula. Training counts 3x forward (backward = 2x forward). These feed MFU.
+
+Config sections: a mixer's settings are a frozen dataclass defined in its own file and registered
+once, by the file that owns it, with ``register_section(name, section, description)``; it becomes the key
+``model.<name>`` (``seqmodels.config.ModelConfig`` has one field per registered section). One
+section may serve several mixers, and a mixer may read several (``atlas_mag`` reads ``atlas``,
+``attention`` and ``swa``): each mixer names the sections it reads when it registers. A section may
+define ``check_model(model)``, its checks against the rest of the model section (e.g. Atlas's
+``poly_key_dim`` against the head width); ``ModelConfig`` calls it when a layer reads the section.
+Every module of ``seqmodels.mixers`` is imported by the package, so a new file registers itself.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import jax
 from flax import nnx
 
-from seqmodels.config import ConfigError, ModelConfig
+from seqmodels.config_base import ConfigError
+from seqmodels.config_model import ModelConfigBase
 
 
 @runtime_checkable
@@ -38,17 +50,64 @@ class Mixer(Protocol):
 
 @dataclass(frozen=True)
 class MixerEntry:
-    build: Callable[[ModelConfig, nnx.Rngs], Mixer]
-    flops_per_token: Callable[[ModelConfig, int], float]
+    build: Callable[[ModelConfigBase, nnx.Rngs], Mixer]
+    flops_per_token: Callable[[ModelConfigBase, int], float]
+    sections: tuple[str, ...]  # the model.<section> keys the mixer reads
+
+
+@dataclass(frozen=True)
+class SectionEntry:
+    section: type  # a frozen dataclass: the keys of model.<name>
+    description: str  # one line: what the section holds, in the schema
 
 
 MIXERS: dict[str, MixerEntry] = {}
+SECTIONS: dict[str, SectionEntry] = {}
 
 
-def register(name: str, build, flops_per_token) -> None:
+def register(name: str, build, flops_per_token, *, sections: Iterable[str]) -> None:
+    """Register mixer ``name``, reading the config sections ``sections`` (checked by ``registered_sections``)."""
     if name in MIXERS:
         raise ValueError(f"mixer {name!r} is registered twice")
-    MIXERS[name] = MixerEntry(build, flops_per_token)
+    sections = tuple(sections)
+    if not sections or not all(isinstance(section, str) and section for section in sections):
+        raise ValueError(f"mixer {name!r}: sections must name at least one config section (model.<section>), "
+                         f"got {sections!r}")
+    MIXERS[name] = MixerEntry(build, flops_per_token, sections)
+
+
+def register_section(name: str, section: type, description: str) -> None:
+    """Register ``section`` (a frozen dataclass) as the config section ``model.<name>``, described by
+    ``description``."""
+    if name in SECTIONS:
+        raise ValueError(f"config section model.{name} is registered twice (by "
+                         f"{SECTIONS[name].section.__module__} and {section.__module__}); one file owns a section")
+    if not name.isidentifier():
+        raise ValueError(f"config section name {name!r} must be a Python identifier (it is a field of ModelConfig)")
+    if not (dataclasses.is_dataclass(section) and isinstance(section, type)
+            and section.__dataclass_params__.frozen):
+        raise TypeError(f"config section model.{name}: {section!r} must be a frozen dataclass")
+    SECTIONS[name] = SectionEntry(section, description)
+
+
+def registered_sections() -> dict[str, SectionEntry]:
+    """Every registered section, by name, once each mixer's sections are checked to be registered."""
+    for mixer, entry in MIXERS.items():
+        for section in entry.sections:
+            if section not in SECTIONS:
+                raise ValueError(f"mixer {mixer!r} reads config section model.{section}, which no module registers "
+                                 f"(register_section); registered sections: {', '.join(sorted(SECTIONS))}")
+    return dict(sorted(SECTIONS.items()))
+
+
+def sections_used_by(names: Iterable[str]) -> tuple[str, ...]:
+    """The sections the mixers ``names`` read, each once, in order of first use; unknown names are skipped
+    (``check_mixer_names`` reports them)."""
+    used = {}
+    for name in names:
+        if name in MIXERS:
+            used.update(dict.fromkeys(MIXERS[name].sections))
+    return tuple(used)
 
 
 def _entry(name: str, key: str = "model.mixers") -> MixerEntry:
@@ -63,9 +122,9 @@ def check_mixer_names(names, key: str = "model.mixers") -> None:
         _entry(name, key)
 
 
-def build_mixer(name: str, config: ModelConfig, rngs: nnx.Rngs) -> Mixer:
+def build_mixer(name: str, config: ModelConfigBase, rngs: nnx.Rngs) -> Mixer:
     return _entry(name).build(config, rngs)
 
 
-def mixer_flops_per_token(name: str, config: ModelConfig, seq_len: int) -> float:
+def mixer_flops_per_token(name: str, config: ModelConfigBase, seq_len: int) -> float:
     return float(_entry(name).flops_per_token(config, seq_len))

@@ -53,7 +53,8 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from seqmodels.config import LoopedConfig, ModelConfig
+from seqmodels.config import ModelConfig
+from seqmodels.config_looped import LoopedConfig
 from seqmodels.layers.common import param
 from seqmodels.layers.norms import RMSNorm
 from seqmodels.layers.rotary import sinusoidal_positions

@@ -1,3 +1,7 @@
+import dataclasses
+import typing
+from pathlib import Path
+
 import pytest
 
 from seqmodels.config import ConfigError
@@ -137,7 +141,7 @@ def test_a_literal_field_accepts_each_of_its_values(key, choices):
 
 def test_a_literal_field_is_checked_when_a_section_is_built_directly_too():
     from seqmodels.config import LogConfig, ModelConfig
-    from seqmodels.config_mixers import AttentionConfig
+    from seqmodels.mixers.attention import AttentionConfig
 
     with pytest.raises(ConfigError, match=r"^log.progress: must be auto, always or never, got 'sometimes'$"):
         LogConfig(progress="sometimes")
@@ -161,12 +165,82 @@ def test_help_config_lists_the_choices_of_literal_fields():
     assert "one of" not in lines["model.d_model"]
 
 
-def test_mixer_sections_live_in_config_mixers_and_are_re_exported():
+def test_mixer_sections_live_beside_their_mixers():
     import seqmodels.config as config
-    import seqmodels.config_mixers as config_mixers
+    from seqmodels.config_looped import LoopedConfig
+    from seqmodels.mixers.atlas import AtlasConfig
+    from seqmodels.mixers.attention import AttentionConfig, SlidingWindowConfig
 
-    for name in ("AttentionConfig", "SlidingWindowConfig", "AtlasConfig", "LoopedConfig"):
-        assert getattr(config, name) is getattr(config_mixers, name)
-        assert getattr(config_mixers, name).__module__ == "seqmodels.config_mixers"
+    hints = typing.get_type_hints(config.ModelConfig)
+    for key, section, module in (("attention", AttentionConfig, "seqmodels.mixers.attention"),
+                                 ("swa", SlidingWindowConfig, "seqmodels.mixers.attention"),
+                                 ("atlas", AtlasConfig, "seqmodels.mixers.atlas"),
+                                 ("looped", LoopedConfig, "seqmodels.config_looped")):
+        assert hints[key] is section and section.__module__ == module
     defaults = load_config(None)
     assert defaults.model.attention.causal is True and defaults.model.looped.mixer == "attention"
+
+
+def test_model_config_has_the_base_keys_then_one_field_per_registered_section():
+    from seqmodels.config import ModelConfig
+    from seqmodels.config_model import ModelConfigBase
+    from seqmodels.mixers.registry import SECTIONS
+
+    base = [f.name for f in dataclasses.fields(ModelConfigBase)]
+    assert [f.name for f in dataclasses.fields(ModelConfig)] == base + sorted(SECTIONS)
+    assert set(SECTIONS) >= {"attention", "swa", "atlas", "mamba2", "longhorn", "deltanet", "muonssm"}
+    hints = typing.get_type_hints(ModelConfig)
+    for name, entry in SECTIONS.items():
+        assert hints[name] is entry.section and getattr(ModelConfig(), name) == entry.section()
+    with pytest.raises(TypeError, match="build seqmodels.config.ModelConfig"):
+        ModelConfigBase()
+
+
+def test_a_section_named_like_a_model_key_is_refused():
+    from seqmodels.config import model_config_class
+    from seqmodels.mixers.registry import SECTIONS, SectionEntry
+
+    with pytest.raises(ValueError, match="model.looped would replace the model key model.looped"):
+        model_config_class({**SECTIONS, "looped": SectionEntry(SECTIONS["swa"].section, "a clash")})
+
+
+def test_every_registered_section_is_listed_by_help_config_with_each_field():
+    from seqmodels.config_io import help_text
+    from seqmodels.mixers.registry import MIXERS, SECTIONS
+
+    lines = {line.split(" = ")[0]: line for line in help_text().splitlines()}
+    for mixer, entry in MIXERS.items():
+        for section in entry.sections:
+            for field in dataclasses.fields(SECTIONS[section].section):
+                line = lines[f"model.{section}.{field.name}"]
+                assert f"# {field.metadata['help']}" in line, (mixer, line)
+
+
+def _run_config_files():
+    # configs/sweeps/ holds sweep files of ablate.py, not run configs (tests/test_ablate.py checks them)
+    return sorted(p for p in Path("configs").glob("**/*.yaml") if p.parts[1] != "sweeps")
+
+
+def _leaves(tree: dict, prefix: str = ""):
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            yield from _leaves(value, f"{prefix}{key}.")
+        else:
+            yield prefix + key, value
+
+
+@pytest.mark.parametrize("path", _run_config_files(), ids=str)
+def test_every_config_file_round_trips_and_each_of_its_keys_holds_the_value_it_names(path, tmp_path):
+    from seqmodels.config_io import config_from_dict, read_yaml, to_dict
+    from seqmodels.models.ahn_base import prepare_ahn_base
+
+    prepare_ahn_base(path)  # an AHN config's tokenizer is its base's (as test_every_config_file_in_configs_loads)
+    config = load_config(path)
+    assert config_from_dict(to_dict(config)) == config
+    save_config(config, tmp_path / "saved.yaml")
+    assert load_config(tmp_path / "saved.yaml") == config and read_yaml(tmp_path / "saved.yaml") == to_dict(config)
+    resolved = dict(_leaves(to_dict(config)))
+    for key, value in _leaves(read_yaml(path)):
+        named = list(parse_mixers(value)) if key == "model.mixers" else value
+        named = float(named) if isinstance(named, str) and isinstance(resolved[key], float) else named
+        assert resolved[key] == named and type(resolved[key]) in (type(named), float), (key, resolved[key], value)

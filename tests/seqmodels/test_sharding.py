@@ -7,7 +7,8 @@ import pytest
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from seqmodels.config import AttentionConfig, MeshConfig, ModelConfig
+from seqmodels.config import MeshConfig, ModelConfig
+from seqmodels.mixers.attention import AttentionConfig
 from seqmodels.sharding import logical_spec, make_mesh
 from seqmodels.training.state import init_params
 

@@ -12,10 +12,11 @@ import pytest
 
 import train as train_entry
 from conftest import tiny_overrides
-from seqmodels.config import AtlasConfig, ConfigError, ModelConfig, SlidingWindowConfig
+from seqmodels.config import ConfigError, ModelConfig
 from seqmodels.config_io import load_config, read_yaml
 from seqmodels.mixers import mixer_flops_per_token
-from seqmodels.mixers.atlas import feature_map, initial_coefficients
+from seqmodels.mixers.atlas import AtlasConfig, feature_map, initial_coefficients
+from seqmodels.mixers.attention import SlidingWindowConfig
 from seqmodels.models import build_model, generate
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"

@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from seqmodels.config import AttentionConfig, ConfigError, ModelConfig, SlidingWindowConfig
+from seqmodels.config import ConfigError, ModelConfig
 from seqmodels.config_io import load_config
 from seqmodels.mixers import build_mixer, mixer_flops_per_token
+from seqmodels.mixers.attention import AttentionConfig, SlidingWindowConfig
 
 # float32: the same products summed in another order (full row vs cache + one token); outputs ~0.1-1.
 FP32_TOL = 1e-5

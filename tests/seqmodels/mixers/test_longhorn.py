@@ -10,9 +10,11 @@ import pytest
 from flax import nnx
 
 from pallas_kernels.newton_schulz import newton_schulz
-from seqmodels.config import ConfigError, LonghornConfig, ModelConfig, MuonSSMConfig
+from seqmodels.config import ConfigError, ModelConfig
 from seqmodels.config_io import load_config
 from seqmodels.mixers import build_mixer, mixer_flops_per_token
+from seqmodels.mixers.longhorn import LonghornConfig
+from seqmodels.mixers.muonssm import MuonSSMConfig
 
 NAMES = ["longhorn", "muonssm_longhorn"]
 FP32_TOL = 1e-4  # float32 associative scan vs sequential loop: summation order only, outputs ~0.1-1

@@ -9,9 +9,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from seqmodels.config import ConfigError, DeltaNetConfig, Mamba2Config, ModelConfig, MuonSSMConfig
+from seqmodels.config import ConfigError, ModelConfig
 from seqmodels.config_io import load_config
 from seqmodels.mixers import build_mixer, mixer_flops_per_token
+from seqmodels.mixers.deltanet import DeltaNetConfig
+from seqmodels.mixers.mamba2 import Mamba2Config
+from seqmodels.mixers.muonssm import MuonSSMConfig
 
 NAMES = ["mamba2", "deltanet", "gated_deltanet", "muonssm_mamba2", "muonssm_gated_deltanet"]
 # One xdist worker per mixer, so its compiled forward is reused across the tests below.

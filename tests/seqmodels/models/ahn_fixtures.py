@@ -8,10 +8,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from seqmodels.config import AttentionConfig, ModelConfig
+from seqmodels.config import ModelConfig
 from seqmodels.config_ahn import AHNConfig
 from seqmodels.hf.base import start_params
 from seqmodels.hf.export import export_model
+from seqmodels.mixers.attention import AttentionConfig
 from seqmodels.models import build_model
 
 

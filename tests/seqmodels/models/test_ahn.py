@@ -12,7 +12,7 @@ from flax import nnx
 
 from seqmodels.config import ConfigError, ModelConfig
 from seqmodels.config_ahn import AHNConfig
-from seqmodels.config import SlidingWindowConfig
+from seqmodels.mixers.attention import SlidingWindowConfig
 from seqmodels.models import build_model, generate
 from seqmodels.models.ahn_compressor import COMPRESSORS
 from tests.seqmodels.models.ahn_fixtures import ahn_model, tokens, write_tiny_base

@@ -5,8 +5,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from seqmodels.config import AttentionConfig, ConfigError, ModelConfig, SlidingWindowConfig
+from seqmodels.config import ConfigError, ModelConfig
 from seqmodels.layers.attention import visibility_mask
+from seqmodels.mixers.attention import AttentionConfig, SlidingWindowConfig
 from seqmodels.models import build_model, generate
 from seqmodels.models.lm import document_positions
 

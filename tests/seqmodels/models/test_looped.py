@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from seqmodels.config import ConfigError, LoopedConfig, ModelConfig
+from seqmodels.config import ConfigError, ModelConfig
+from seqmodels.config_looped import LoopedConfig
 from seqmodels.data.cfl import sample
 from seqmodels.data.cfl.rows import ACCEPT_ID, REJECT_ID, VOCAB_SIZE, labelled_batch
-from seqmodels.models import build_model, flops_per_token
 from seqmodels.layers.rotary import sinusoidal_positions
+from seqmodels.models import build_model, flops_per_token
 from seqmodels.models.looped import LoopedModel, num_loops, num_padding, parameter_count
 
 # float32 on CPU: the paths compared differ only in summation order (batch padding, masked rows),

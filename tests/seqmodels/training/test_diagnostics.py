@@ -14,8 +14,9 @@ from flax import nnx
 
 from conftest import tiny_overrides
 from pallas_kernels.atlas_memory import atlas_memory
-from seqmodels.config import AtlasConfig, ModelConfig
+from seqmodels.config import ModelConfig
 from seqmodels.config_io import load_config
+from seqmodels.mixers.atlas import AtlasConfig
 from seqmodels.models import build_model
 from seqmodels.training.diagnostics import flatten, loss_and_diagnostics
 from seqmodels.training.loop import train

@@ -4,8 +4,8 @@ import jax
 import pytest
 from flax import nnx
 
-from seqmodels.config import ModelConfig, SlidingWindowConfig
-from seqmodels.mixers.attention import mean_visible_keys
+from seqmodels.config import ModelConfig
+from seqmodels.mixers.attention import SlidingWindowConfig, mean_visible_keys
 from seqmodels.models import build_model
 from seqmodels.models.lm import lm_flops_per_token
 from seqmodels.training.flops import mfu

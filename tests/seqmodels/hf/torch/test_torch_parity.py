@@ -13,7 +13,7 @@ import pytest
 from export_parity import (BASE_CONFIG, CAUSAL_KINDS, CONFIGS, LOGIT_TOLERANCE, config_name, jax_logits, jax_model,
                            load_torch, measure_lm, parity_row, random_params, tiny_config)
 
-from seqmodels.config import AttentionConfig
+from seqmodels.mixers.attention import AttentionConfig
 
 FAST = {"swa", "deltanet", "mamba2", "longhorn"}  # under ~20 s here; the others are marked slow
 LM_CONFIGS = [path for path in CONFIGS if tiny_config(path).kind in CAUSAL_KINDS]  # the AHN configs too
