@@ -232,9 +232,9 @@ def _leaves(tree: dict, prefix: str = ""):
 @pytest.mark.parametrize("path", _run_config_files(), ids=str)
 def test_every_config_file_round_trips_and_each_of_its_keys_holds_the_value_it_names(path, tmp_path):
     from seqmodels.config_io import config_from_dict, read_yaml, to_dict
-    from seqmodels.models.ahn_base import prepare_ahn_base
+    from seqmodels.hf.base import prepare_base
 
-    prepare_ahn_base(path)  # an AHN config's tokenizer is its base's (as test_every_config_file_in_configs_loads)
+    prepare_base(path)  # an AHN config's tokenizer is its base's (as test_every_config_file_in_configs_loads)
     config = load_config(path)
     assert config_from_dict(to_dict(config)) == config
     save_config(config, tmp_path / "saved.yaml")
