@@ -7,7 +7,6 @@ own source files, byte-level, on whatever devices are present (a few minutes on 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 from seqmodels.config_base import ConfigError
@@ -30,15 +29,20 @@ EXIT_ABORTED = 130  # a second SIGINT: stopped at once, without saving
 
 
 def print_help_config(text: str) -> int:
-    """Print ``text``; a closed pipe (``--help-config | head``) is the reader's choice, not an error."""
-    try:
-        print(text, flush=True)
-    except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at interpreter exit
+    """Print ``text``; a closed pipe (``--help-config | head``) is the reader's choice (``quiet_when_closed``)."""
+    print(text, flush=True)
     return EXIT_DONE
 
 
-def main(argv=None) -> int:
+def main(argv=None, *, standalone: bool = False) -> int:
+    """Train as ``argv`` says; returns the exit status. ``standalone`` (``python train.py``): once the run is over,
+    SIGTERM / SIGINT are ignored until the process exits, so a signal after the last step changes nothing."""
+    from seqmodels.training.streams import quiet_when_closed
+    with quiet_when_closed():  # a reader that closes stdout or stderr silences the messages, never the run
+        return _main(argv, standalone)
+
+
+def _main(argv, standalone: bool) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     from seqmodels.config_io import help_text
     if args.help_config:
@@ -63,7 +67,7 @@ def main(argv=None) -> int:
     try:
         return _train(args, stop, train, (ConfigError, DataError, CheckpointError, RunDirError), TrainingDiverged)
     finally:
-        stop.restore()
+        stop.settle() if standalone else stop.restore()
 
 
 def _train(args, stop, train, usage_errors, diverged) -> int:
@@ -103,4 +107,4 @@ def _train(args, stop, train, usage_errors, diverged) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(standalone=True))

@@ -134,7 +134,7 @@ def train(config: Config, stop: StopFlag | None = None) -> dict:
     the run directory is written before the checkpoint to resume from (if any) has been restored.
     ``summary["interrupted_by"]`` names the signal that stopped the run early, else None.
     """
-    stop = stop or StopFlag()
+    own_stop, stop = stop is None, stop or StopFlag()  # a caller's flag stays the caller's to restore
     try:
         mesh = _make_mesh(config)
         validate(config, mesh)
@@ -154,7 +154,8 @@ def train(config: Config, stop: StopFlag | None = None) -> dict:
             finally:
                 checkpointer.close()
     finally:
-        stop.restore()
+        if own_stop:
+            stop.restore()
 
 
 class _StepRecorder:
@@ -239,26 +240,30 @@ def _run(config: Config, mesh, iterator, checkpointer: Checkpointer, choice, inc
     recorder = _StepRecorder(config, logger, start=start, last_step=last_step, num_devices=mesh.size,
                              checkpoint_dir=checkpointer.directory)
     try:
-        _steps(config, state, step_fn, iterator, batch_sharding, checkpointer, recorder, stop,
-               range(start + 1, last_step + 1))
+        interrupted_by = _steps(config, state, step_fn, iterator, batch_sharding, checkpointer, recorder, stop,
+                                range(start + 1, last_step + 1))
     finally:
         logger.close()
     losses = recorder.losses
     steps = sorted(losses)
     return {"start_step": start, "end_step": steps[-1] if steps else start, "losses": losses,
             "first_loss": losses[steps[0]] if steps else None, "last_loss": losses[steps[-1]] if steps else None,
-            "interrupted_by": stop.signal_name, "last_saved": recorder.last_saved}
+            "interrupted_by": interrupted_by, "last_saved": recorder.last_saved}
 
 
 def _steps(config: Config, state, step_fn, iterator, batch_sharding, checkpointer: Checkpointer,
-           recorder: _StepRecorder, stop: StopFlag, steps: range) -> None:
+           recorder: _StepRecorder, stop: StopFlag, steps: range) -> str | None:
     """The steps; a checkpoint every ``checkpoint.every_steps``, at the end and on a signal, deferred while
-    the collapse guard finds the latest step anomalous (so a suspect state never rotates good ones out)."""
+    the collapse guard finds the latest step anomalous (so a suspect state never rotates good ones out).
+
+    Returns the name of the signal that stopped the run before its last step, else None: a signal that
+    arrives once the last step has run (while its checkpoint is written) changes nothing."""
     logger, config_dict, pending, owed = recorder.logger, to_dict(config), None, False
     if stop.signal_name:
         logger.message(f"{stop.signal_name} received before the first step: nothing was saved; run the same "
                        "command again to start.")
-        return
+        return stop.signal_name
+    interrupted_by = None
     for step in steps:
         state, metrics = step_fn(state, global_batch(next(iterator), batch_sharding, config.train.batch_size))
         if pending is not None:
@@ -276,7 +281,9 @@ def _steps(config: Config, state, step_fn, iterator, batch_sharding, checkpointe
         if stop.signal_name:
             saved = (f"checkpoint saved at step {step}" if recorder.last_saved == step else
                      f"step {step} is anomalous and was not saved; the last checkpoint is step {recorder.last_saved}")
-            logger.message(f"{stop.signal_name} received: {saved}; run the same command again to resume.")
+            if step != steps[-1]:
+                interrupted_by = stop.signal_name
+                logger.message(f"{stop.signal_name} received: {saved}; run the same command again to resume.")
             break
     if pending is not None:
         recorder.record(*pending)
@@ -284,3 +291,4 @@ def _steps(config: Config, state, step_fn, iterator, batch_sharding, checkpointe
         logger.message(f"the last step is anomalous and was not saved; the last checkpoint is step "
                        f"{recorder.last_saved}")
     checkpointer.wait()
+    return interrupted_by
