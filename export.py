@@ -34,6 +34,12 @@ def parse_args(argv):
 
 
 def main(argv=None) -> int:
+    from seqmodels.training.streams import quiet_when_closed
+    with quiet_when_closed():  # a reader that closes stdout or stderr silences the output, never the work
+        return _main(argv)
+
+
+def _main(argv) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     from seqmodels.config import ConfigError
     from seqmodels.hf.errors import HFFormatError

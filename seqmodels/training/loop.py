@@ -30,6 +30,7 @@ from seqmodels.mixers import check_mixer_names
 from seqmodels.models import abstract_model, flops_per_token, trainable_filter
 from seqmodels.models.trainable import trainable_part
 from seqmodels.optim.build import build_optimizer
+from seqmodels.runs.checkpoint_check import describe_incomplete, restore_with_fallback
 from seqmodels.runs.checkpoints import CheckpointError
 from seqmodels.sharding import logical_spec, make_mesh, param_logical_axes
 from seqmodels.training.batches import data_shard, global_batch
@@ -87,36 +88,39 @@ def _resume_choice(checkpointer: Checkpointer, config: Config, incomplete: dict[
     choice = choose_step(checkpointer, config, incomplete, process_count=jax.process_count())
     if choice is None:
         raise CheckpointError(
-            f"no complete checkpoint in {checkpointer.directory}: "
-            + "; ".join(f"step {step}: {problems}" for step, problems in sorted(incomplete.items()))
-            + ". Nothing was changed; move the damaged steps away to train from scratch, or use another train.run_dir")
+            f"no complete checkpoint in {checkpointer.directory}: {describe_incomplete(incomplete)}"
+            ". Nothing was changed; move the damaged steps away to train from scratch, or use another train.run_dir")
     check_setting_changes(choice[1], config, choice[0], str(checkpointer.directory))
     return choice, incomplete
 
 
 def _restore_newest_complete(config: Config, checkpointer: Checkpointer, choice, incomplete: dict[int, str],
                              state: dict, iterator) -> tuple[dict, int, list[str]]:
-    """Restore the chosen step, falling back step by step past any whose arrays cannot be read.
+    """Restore the chosen step, falling back step by step past any whose arrays cannot be read
+    (``checkpoint_check.restore_with_fallback``, as evaluation and export restore).
 
     Returns ``(state, step, notes)``. Incomplete steps are renamed aside only after a restore
     succeeded; when none succeeds, nothing is renamed and ``CheckpointError`` lists every problem.
     """
-    while choice is not None:
-        step, saved = choice
-        try:
-            restored = checkpointer.restore(step, state, iterator)
-        except Exception as error:  # noqa: BLE001  (any failure to read a step makes it incomplete)
-            first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-            incomplete[step] = f"its arrays cannot be read: {first_line[:200]}"
-            choice = choose_step(checkpointer, config, incomplete, process_count=jax.process_count())
-            continue
-        notes = check_setting_changes(saved, config, step, str(checkpointer.directory))
-        checkpointer.set_aside(incomplete, print)
-        return restored, step, notes
-    raise CheckpointError(
-        f"no checkpoint in {checkpointer.directory} could be restored: "
-        + "; ".join(f"step {step}: {problems}" for step, problems in sorted(incomplete.items()))
-        + ". Nothing was changed; move the damaged steps away to train from scratch, or use another train.run_dir")
+    pending, saved_configs = [choice], {}
+
+    def choose() -> int | None:
+        chosen = pending.pop() if pending else choose_step(checkpointer, config, incomplete,
+                                                           process_count=jax.process_count())
+        if chosen is None:
+            return None
+        saved_configs[chosen[0]] = chosen[1]
+        return chosen[0]
+
+    restored = restore_with_fallback(choose, lambda step: checkpointer.restore(step, state, iterator), incomplete)
+    if restored is None:
+        raise CheckpointError(
+            f"no checkpoint in {checkpointer.directory} could be restored: {describe_incomplete(incomplete)}. "
+            "Nothing was changed; move the damaged steps away to train from scratch, or use another train.run_dir")
+    step, restored_state = restored
+    notes = check_setting_changes(saved_configs[step], config, step, str(checkpointer.directory))
+    checkpointer.set_aside(incomplete, print)
+    return restored_state, step, notes
 
 
 def _make_mesh(config: Config):
