@@ -193,13 +193,24 @@ def _deep_merge(base: dict, update: dict, prefix: str = "") -> dict:
     return merged
 
 
+def data_repr(data: bytes) -> str:
+    return " ".join(f"0x{byte:02x}" for byte in data)
+
+
 def read_yaml(path) -> dict:
     """Read a config YAML file into a dict, with file-level errors a user can act on."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist")
     try:
-        tree = yaml.load(path.read_text(), Loader=_StrictLoader)
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"config file {str(path)!r} is not UTF-8 text (byte {error.start}: "
+                          f"{data_repr(error.object[error.start:error.start + 4])}); save it as UTF-8") from None
+    except OSError as error:
+        raise ConfigError(f"config file {str(path)!r} cannot be read: {error.strerror or error}") from None
+    try:
+        tree = yaml.load(text, Loader=_StrictLoader)
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
