@@ -72,11 +72,15 @@ def _main(argv, standalone: bool) -> int:
 
 def _train(args, stop, train, usage_errors, diverged) -> int:
     from seqmodels.config_io import load_config
-    from seqmodels.hf.base import explicit_model_keys, prepare_base, resolve_base
+    from seqmodels.hf.base import explicit_model_keys, prepare_base, resolve_base, resolve_learning_rate
     try:
         prepare_base(args.config, args.overrides)  # a base to convert on first use may be the data's tokenizer
         explicit = explicit_model_keys(args.config, args.overrides)  # what the user set, against the base's
         config = resolve_base(load_config(args.config, args.overrides), explicit)
+        learning_rate_set = "learning_rate" in explicit_model_keys(args.config, args.overrides, "optim")
+        config, note = resolve_learning_rate(config, learning_rate_set)  # pretrained weights: not 3e-3
+        if note:
+            print(note, flush=True)
         summary = train(config, stop)
     except usage_errors as error:
         print(f"error: {error}", file=sys.stderr)
