@@ -42,7 +42,7 @@ def main(argv=None) -> int:
 def _main(argv) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     from seqmodels.config import ConfigError
-    from seqmodels.hf.errors import HFFormatError
+    from seqmodels.errors import HFFormatError
     from seqmodels.hf.export import export_run
     from seqmodels.runs.checkpoints import CheckpointError
     try:

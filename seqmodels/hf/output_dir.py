@@ -14,7 +14,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from seqmodels.hf.errors import HFFormatError
+from seqmodels.errors import HFFormatError
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 # Names whose presence under a directory makes it irreplaceable: a run's resolved config, a checkpoint.

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from seqmodels.config_base import ConfigError
 from seqmodels.data.errors import DataError
-from seqmodels.hf.errors import HFFormatError
+from seqmodels.errors import HFFormatError
 from seqmodels.runs.checkpoints import CheckpointError
 
 CLEAN = (HFFormatError, ConfigError, DataError, CheckpointError)

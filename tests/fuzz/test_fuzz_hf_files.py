@@ -9,11 +9,11 @@ import pytest
 
 from fuzzing import FUZZ_CASES, SLOW_CASES, byte_cases, failures, json_cases, tree_snapshot
 from seqmodels.config import ModelConfig
-from seqmodels.hf.errors import HFFormatError
+from seqmodels.errors import HFFormatError
 from seqmodels.hf.formats import load_model_config
 from seqmodels.hf.gguf import convert_gguf
 from seqmodels.hf.safetensors_io import INDEX_FILE, SafetensorsCheckpoint, write_checkpoint, write_safetensors
-from seqmodels.hf.tokenizer import load_tokenizer
+from seqmodels.data.hf_tokenizer import load_tokenizer
 
 BUDGETS = [pytest.param(FUZZ_CASES, 0, id="fast"), pytest.param(SLOW_CASES, 1, id="slow", marks=pytest.mark.slow)]
 TENSORS = {"a": np.arange(12, dtype=np.float32).reshape(3, 4), "b": np.ones(5, np.float16),

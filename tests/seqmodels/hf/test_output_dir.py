@@ -8,7 +8,7 @@ import pytest
 import export as export_entry
 from seqmodels.config import Config
 from seqmodels.config_io import save_config
-from seqmodels.hf.errors import HFFormatError
+from seqmodels.errors import HFFormatError
 from seqmodels.hf.output_dir import REPOSITORY, check_new_directory, write_new_directory
 
 

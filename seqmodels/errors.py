@@ -1,4 +1,9 @@
-"""The one error the Hugging Face interop raises for bad input: a file, and what is wrong with it."""
+"""Errors raised on more than one floor, in a module that imports nothing of the project.
+
+``HFFormatError``: a Hugging Face directory or file (checkpoint, ``config.json``, ``tokenizer.json``) that cannot
+be read or written; raised by ``seqmodels.hf`` and by the data pipeline's ``hf:DIR`` tokenizer.
+``reading(path, what)`` turns what a parser raises on a malformed file into an ``HFFormatError`` naming it.
+"""
 
 from __future__ import annotations
 
