@@ -63,3 +63,12 @@ def test_an_odd_attention_head_width_is_refused_naming_the_keys(mixer, d_model, 
     fixed = load_config(None, [f"model.mixers=[{mixer}]", f"model.d_model={d_model}", f"model.num_heads={num_heads}",
                                "model.attention.head_dim=4"])
     assert fixed.model.attention_head_dim == 4
+
+
+@pytest.mark.parametrize("override, message", [
+    ("optim.eps=-1e-8", "optim.eps: must be > 0"), ("optim.eps=0", "optim.eps: must be > 0"),
+    ("train.seed=-1", "train.seed: must be >= 0"), ("data.seed=-3", "data.seed: must be >= 0"),
+])
+def test_values_outside_their_range_are_refused_naming_the_key(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, [override])
