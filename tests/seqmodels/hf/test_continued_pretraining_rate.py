@@ -1,6 +1,10 @@
 """A model that starts from pretrained weights never trains at the from-scratch learning rate unless asked."""
 
 import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,6 +16,8 @@ from seqmodels.config import Config, ModelConfig, OptimConfig
 from seqmodels.config_ahn import AHNConfig
 from seqmodels.hf.base import resolve_learning_rate
 from seqmodels.models.kinds import AHN_COMPRESSOR_LR, CONTINUED_PRETRAINING_LR
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_init_from_takes_the_continued_pretraining_rate_and_says_so():
@@ -64,9 +70,14 @@ def test_the_readme_init_from_example_keeps_smollm2_answering_paris(tmp_path):
     from seqmodels.runs.load import load_run
     hf = convert_gguf(default_gguf_path(), tmp_path / "smollm2")
     run = tmp_path / "smollm2_run"
-    assert train_entry.main([f"model.init_from=hf:{hf}", f"data.tokenizer=hf:{hf}", "data.seq_len=128",
-                             "train.batch_size=1", "train.steps=3", f"train.run_dir={run}", "log.progress=never",
-                             "log.tensorboard=false", "checkpoint.async_save=false"]) == 0
+    command = [sys.executable, str(ROOT / "train.py"), f"model.init_from=hf:{hf}", f"data.tokenizer=hf:{hf}",
+               "data.seq_len=128", "train.batch_size=1", "train.steps=3", f"train.run_dir={run}",
+               "log.progress=never", "log.tensorboard=false", "checkpoint.async_save=false"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu",
+               XLA_FLAGS="--xla_force_host_platform_device_count=1")  # as the README runs it: one CPU device
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "optim.learning_rate=5e-05: the default" in result.stdout
     _, model, step = load_run(run)
     assert step == 3
     tokenizer = load_tokenizer(hf)
