@@ -210,7 +210,7 @@ def _model_sections(path, overrides, name: str = "model") -> list[dict]:
 
 
 def explicit_model_keys(path=None, overrides=(), section: str = "model") -> set[str]:
-    """The keys of ``section`` (``d_model``, ``attention.rope_theta``, ...) the YAML at ``path`` or ``overrides`` set."""
+    """The keys of ``section`` (``d_model``, ``attention.rope_theta``, ...) that the YAML or ``overrides`` set."""
     return set().union(*(_leaf_keys(found) for found in _model_sections(path, overrides, section)))
 
 
