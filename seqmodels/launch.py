@@ -87,7 +87,7 @@ def cluster_timeouts(environ=os.environ) -> dict:
     return timeouts
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
@@ -109,6 +109,7 @@ def _relay(stream, prefix: str, sink) -> None:
 
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+PREEMPTED = 3  # train.py's status after a stop every process agreed on: the others are stopping too
 GRACE_SECONDS = 5.0  # after a process fails: how long the others may take to stop on their own, then after SIGTERM
 
 
@@ -146,7 +147,7 @@ def launch(command: list[str], *, processes: int, devices_per_process: int = 1, 
         raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
     if not command:
         raise ValueError("no command to launch: give it after --, e.g. -- train.py train.steps=10")
-    port = port or _free_port()
+    port = port or free_port()
     children, relays = [], []
     received: list[int] = []
     previous = {s: signal.signal(s, lambda signum, frame: received.append(signum)) for s in FORWARDED}
@@ -195,7 +196,7 @@ def _wait_all(children, timeout, received: list[int]) -> int:
                 index = next(i for i, child in enumerate(children) if child.returncode not in (None, 0))
                 code = children[index].returncode
                 how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
-                if [child.returncode for child in children].count(None):
+                if [child.returncode for child in children].count(None) and code != PREEMPTED:
                     print(f"launch: process {index} {how}; stopping the others", file=sys.stderr, flush=True)
             elif deadline is not None and time.monotonic() > deadline:
                 status = 124

@@ -32,6 +32,7 @@ from seqmodels.models.trainable import trainable_part
 from seqmodels.optim.build import build_optimizer
 from seqmodels.runs.checkpoints import CheckpointError
 from seqmodels.sharding import logical_spec, make_mesh, param_logical_axes
+from seqmodels.training.agreed_stop import AgreedStop
 from seqmodels.training.batches import data_shard, global_batch
 from seqmodels.training.checkpoint import Checkpointer
 from seqmodels.training.flops import mfu, peak_flops_per_device
@@ -247,7 +248,7 @@ def _run(config: Config, mesh, iterator, checkpointer: Checkpointer, choice, inc
     steps = sorted(losses)
     return {"start_step": start, "end_step": steps[-1] if steps else start, "losses": losses,
             "first_loss": losses[steps[0]] if steps else None, "last_loss": losses[steps[-1]] if steps else None,
-            "interrupted_by": stop.signal_name, "last_saved": recorder.last_saved}
+            "interrupted_by": stop.reason, "last_saved": recorder.last_saved}
 
 
 def _steps(config: Config, state, step_fn, iterator, batch_sharding, checkpointer: Checkpointer,
@@ -255,16 +256,18 @@ def _steps(config: Config, state, step_fn, iterator, batch_sharding, checkpointe
     """The steps; a checkpoint every ``checkpoint.every_steps``, at the end and on a signal, deferred while
     the collapse guard finds the latest step anomalous (so a suspect state never rotates good ones out)."""
     logger, config_dict, pending, owed = recorder.logger, to_dict(config), None, False
-    if stop.signal_name:
+    if stop.signal_name and jax.process_count() == 1:  # several processes first agree on a step (AgreedStop)
         logger.message(f"{stop.signal_name} received before the first step: nothing was saved; run the same "
                        "command again to start.")
         return
+    agreed = AgreedStop(stop)
     for step in steps:
         state, metrics = step_fn(state, global_batch(next(iterator), batch_sharding, config.train.batch_size))
+        stopping = agreed.should_stop(step)  # the same answer on every process
         if pending is not None:
             recorder.record(*pending)  # the previous step's metrics, read while this one runs
         pending = (step, metrics)
-        if owed or step % config.checkpoint.every_steps == 0 or step == steps[-1] or stop.signal_name:
+        if owed or step % config.checkpoint.every_steps == 0 or step == steps[-1] or stopping:
             recorder.record(*pending)
             pending = None
             owed = recorder.guard.suspicious
@@ -273,10 +276,11 @@ def _steps(config: Config, state, step_fn, iterator, batch_sharding, checkpointe
             else:
                 checkpointer.save(step, state, iterator, config_dict)
                 recorder.last_saved = step
-        if stop.signal_name:
+        if stopping:
             saved = (f"checkpoint saved at step {step}" if recorder.last_saved == step else
                      f"step {step} is anomalous and was not saved; the last checkpoint is step {recorder.last_saved}")
-            logger.message(f"{stop.signal_name} received: {saved}; run the same command again to resume.")
+            why = f"{stop.signal_name} received" if stop.signal_name else f"stopping for {stop.elsewhere}"
+            logger.message(f"{why}: {saved}; run the same command again to resume.")
             break
     if pending is not None:
         recorder.record(*pending)
