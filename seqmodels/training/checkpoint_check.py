@@ -22,7 +22,8 @@ ASIDE_SUFFIX = ".incomplete"
 
 
 def step_problems(step_dir, *, process_count: int = 1, with_data: bool = True) -> list[str]:
-    """What is missing or unreadable in ``step_dir`` (empty when it looks complete)."""
+    """What is missing or unreadable in ``step_dir`` (empty when it looks complete); the data positions are
+    checked for the number of processes that wrote them (``process_count`` when none is there)."""
     step_dir = Path(step_dir)
     problems = []
     if not (step_dir / "_CHECKPOINT_METADATA").is_file():
@@ -42,6 +43,12 @@ def step_problems(step_dir, *, process_count: int = 1, with_data: bool = True) -
         elif not _is_json(path):
             problems.append(f"{item}/metadata is not readable JSON (truncated?)")
     if with_data:
+        # as many files as processes wrote the step (whatever the number now)
+        counts = {int(f.stem.rsplit("-of-", 1)[1]) for f in (step_dir / "data").glob("process_*-of-*.json")
+                  if f.stem.rsplit("-of-", 1)[1].isdigit()}
+        if len(counts) > 1:
+            problems.append(f"data/ holds the positions of runs of {sorted(counts)} processes")
+        process_count = max(counts) if counts else process_count
         for index in range(process_count):
             path = step_dir / "data" / f"process_{index}-of-{process_count}.json"
             if not path.is_file():

@@ -33,7 +33,7 @@ from seqmodels.optim.build import build_optimizer
 from seqmodels.runs.checkpoints import CheckpointError
 from seqmodels.sharding import logical_spec, make_mesh, param_logical_axes
 from seqmodels.training.agreed_stop import AgreedStop
-from seqmodels.training.batches import data_shard, global_batch
+from seqmodels.training.batches import ProcessRows, data_shard, global_batch
 from seqmodels.training.checkpoint import Checkpointer
 from seqmodels.training.flops import mfu, peak_flops_per_device
 from seqmodels.training.guard import CollapseGuard
@@ -106,6 +106,8 @@ def _restore_newest_complete(config: Config, checkpointer: Checkpointer, choice,
         step, saved = choice
         try:
             restored = checkpointer.restore(step, state, iterator)
+        except CheckpointError:  # a refusal (not damage): nothing to fall back past
+            raise
         except Exception as error:  # noqa: BLE001  (any failure to read a step makes it incomplete)
             first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
             incomplete[step] = f"its arrays cannot be read: {first_line[:200]}"
@@ -140,11 +142,10 @@ def train(config: Config, stop: StopFlag | None = None) -> dict:
         mesh = _make_mesh(config)
         validate(config, mesh)
         batch_sharding = NamedSharding(mesh, logical_spec(("batch", None)))
-        # processes holding the same rows share one data shard
+        # every process draws the global batch and keeps its rows (processes holding the same rows: one shard)
         shard, shards = data_shard(batch_sharding, config.train.batch_size)
-        dataset = make_train_dataset(config.data, batch_size=config.train.batch_size // shards, process_index=shard,
-                                     process_count=shards)
-        iterator = iter(dataset)
+        dataset = make_train_dataset(config.data, batch_size=config.train.batch_size)
+        iterator = iter(dataset.map(ProcessRows(shard, shards, config.train.batch_size)) if shards > 1 else dataset)
         # One lock per run, held by process 0: the processes of one multi-process run share the directory.
         with RunDirLock(config.train.run_dir) if jax.process_index() == 0 else contextlib.nullcontext():
             checkpointer, choice, incomplete = _open_checkpoints(config)
@@ -218,8 +219,10 @@ def _run(config: Config, mesh, iterator, checkpointer: Checkpointer, choice, inc
         param_shapes=trainable_part(shapes, trainable))
     graphdef, state, shardings = init_train_state(config.model, config.train.seed, mesh, optimizer, trainable)
     start, notes = 0, []
+    topology = {"processes": jax.process_count(), "devices": jax.device_count(), "mesh": dict(mesh.shape)}
     if choice is not None:
         state, start, notes = _restore_newest_complete(config, checkpointer, choice, incomplete, state, iterator)
+        notes.append(topology_note(checkpointer.restored_topology, topology, start))
     else:  # a model that starts from a checkpoint (its kind's base) takes its weights now
         state = {**state, "params": start_params(config.model, state["params"], shardings["params"])}
     if jax.process_index() == 0:
@@ -241,7 +244,7 @@ def _run(config: Config, mesh, iterator, checkpointer: Checkpointer, choice, inc
                              checkpoint_dir=checkpointer.directory)
     try:
         _steps(config, state, step_fn, iterator, batch_sharding, checkpointer, recorder, stop,
-               range(start + 1, last_step + 1))
+               range(start + 1, last_step + 1), topology)
     finally:
         logger.close()
     losses = recorder.losses
@@ -251,8 +254,22 @@ def _run(config: Config, mesh, iterator, checkpointer: Checkpointer, choice, inc
             "interrupted_by": stop.reason, "last_saved": recorder.last_saved}
 
 
+def _topology_text(topology: dict) -> str:
+    return f"{topology['processes']} process(es) x {topology['devices']} devices, mesh {topology['mesh']}"
+
+
+def topology_note(saved: dict | None, now: dict, step: int) -> str:
+    """The resume's log line about the topology: the checkpoint's and this run's."""
+    if saved is None:
+        return f"topology: step {step} was saved before topologies were recorded; now {_topology_text(now)}"
+    if saved == now:
+        return f"topology: {_topology_text(now)}, as when step {step} was saved"
+    return (f"topology: step {step} was saved by {_topology_text(saved)}; resuming on {_topology_text(now)} (the "
+            "state is restored onto the new shardings and the data continues at the same global position)")
+
+
 def _steps(config: Config, state, step_fn, iterator, batch_sharding, checkpointer: Checkpointer,
-           recorder: _StepRecorder, stop: StopFlag, steps: range) -> None:
+           recorder: _StepRecorder, stop: StopFlag, steps: range, topology: dict) -> None:
     """The steps; a checkpoint every ``checkpoint.every_steps``, at the end and on a signal, deferred while
     the collapse guard finds the latest step anomalous (so a suspect state never rotates good ones out)."""
     logger, config_dict, pending, owed = recorder.logger, to_dict(config), None, False
@@ -274,7 +291,7 @@ def _steps(config: Config, state, step_fn, iterator, batch_sharding, checkpointe
             if owed:
                 logger.message(f"checkpoint at step {step} deferred: {recorder.guard.streak[-1]}")
             else:
-                checkpointer.save(step, state, iterator, config_dict)
+                checkpointer.save(step, state, iterator, config_dict, topology)
                 recorder.last_saved = step
         if stopping:
             saved = (f"checkpoint saved at step {step}" if recorder.last_saved == step else

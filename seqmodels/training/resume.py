@@ -19,9 +19,11 @@ from seqmodels.optim.schedules import learning_rate_schedule
 from seqmodels.runs.checkpoints import CheckpointError
 
 # Keys (or sections, ending in '.') a resume may change without being asked: where the run lives, when
-# this process stops, how the collapse guard watches, how checkpoints are kept and how metrics are shown.
+# this process stops, how the collapse guard watches, how checkpoints are kept, how metrics are shown
+# and the topology it runs on.
+# The mesh too: the global batches do not depend on it, and the state is restored onto the new one.
 RESUMABLE_KEYS = ("train.run_dir", "train.exit_at_step", "train.guard_steps", "train.guard_sigma", "checkpoint.",
-                  "log.")
+                  "log.", "mesh.")
 
 
 def check_allow_changes(allowed: tuple[str, ...]) -> None:
@@ -99,7 +101,6 @@ def choose_step(checkpointer, config: Config, incomplete: dict[int, str], *, pro
     for step in sorted(checkpointer.manager.all_steps(), reverse=True):
         if step in incomplete:
             continue
-        checkpointer.check_process_count(step)  # another process count is refused, not taken for damage
         problems = step_problems(checkpointer.directory / str(step), process_count=process_count)
         if problems:
             incomplete[step] = "; ".join(problems)
