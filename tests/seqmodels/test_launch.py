@@ -146,3 +146,11 @@ def test_the_launcher_refuses_a_missing_command_and_a_bad_process_count():
                             cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
                             timeout=60)
     assert result.returncode == 2 and "processes must be an int >= 1" in result.stderr
+
+
+def test_a_lost_process_is_declared_within_the_configured_heartbeat_timeout():
+    from seqmodels.launch import cluster_timeouts
+    assert cluster_timeouts({}) == {"heartbeat_timeout_seconds": 10, "shutdown_timeout_seconds": 30}
+    assert cluster_timeouts({"SEQMODELS_HEARTBEAT_TIMEOUT": "3"})["heartbeat_timeout_seconds"] == 3
+    with pytest.raises(ValueError, match="SEQMODELS_SHUTDOWN_TIMEOUT='0' must be a whole number of seconds >= 1"):
+        cluster_timeouts({"SEQMODELS_SHUTDOWN_TIMEOUT": "0"})
