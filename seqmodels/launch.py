@@ -131,12 +131,12 @@ def _die_with_parent() -> None:
 
 
 def launch(command: list[str], *, processes: int, devices_per_process: int = 1, port: int | None = None,
-           timeout: float | None = None) -> int:
+           timeout: float | None = None, grace: float = GRACE_SECONDS) -> int:
     """Run ``python COMMAND`` as ``processes`` local processes of one cluster; returns the first failing status or 0.
 
     SIGTERM, SIGINT and SIGHUP sent to the launcher are forwarded to every process. When a process
-    fails (non-zero status or a signal), the others get ``GRACE_SECONDS`` to stop by themselves, then
-    SIGTERM, then SIGKILL; the launcher returns once no process is left. A signal death reads
+    fails (non-zero status or a signal), the others get ``grace`` seconds to stop by themselves, then
+    SIGTERM and ``grace`` more, then SIGKILL; the launcher returns once no process is left. A signal death reads
     ``128 + N``; ``timeout`` seconds after the start every process is stopped and the status is 124.
     """
     if not isinstance(processes, int) or processes < 1:
@@ -145,6 +145,8 @@ def launch(command: list[str], *, processes: int, devices_per_process: int = 1, 
         raise ValueError(f"devices_per_process must be an int >= 1, got {devices_per_process!r}")
     if timeout is not None and not timeout > 0:
         raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
+    if not grace >= 0:
+        raise ValueError(f"grace must be a number of seconds >= 0, got {grace!r}")
     if not command:
         raise ValueError("no command to launch: give it after --, e.g. -- train.py train.steps=10")
     port = port or free_port()
@@ -161,7 +163,7 @@ def launch(command: list[str], *, processes: int, devices_per_process: int = 1, 
                 relay = threading.Thread(target=_relay, args=(stream, f"[process {index}] ", sink), daemon=True)
                 relay.start()
                 relays.append(relay)
-        status = _wait_all(children, timeout, received)
+        status = _wait_all(children, timeout, received, grace)
     finally:
         for child in children:  # an error while starting them (or in the launcher itself) leaves none behind
             if child.poll() is None:
@@ -181,9 +183,9 @@ def _send(children, signum) -> None:
                 child.send_signal(signum)
 
 
-def _wait_all(children, timeout, received: list[int]) -> int:
+def _wait_all(children, timeout, received: list[int], grace: float) -> int:
     """Wait for every child, forwarding the signals in ``received``; on the first failure (or the timeout)
-    stop the rest: ``GRACE_SECONDS`` to stop by themselves, then SIGTERM, then SIGKILL."""
+    stop the rest: ``grace`` seconds to stop by themselves, then SIGTERM, then SIGKILL."""
     deadline = None if timeout is None else time.monotonic() + timeout
     status, stopping = 0, None  # stopping: (when the grace began, whether SIGTERM was sent)
     while [child.poll() for child in children].count(None):  # polls every child, not up to the first live one
@@ -205,10 +207,10 @@ def _wait_all(children, timeout, received: list[int]) -> int:
         if stopping is not None:
             since, terminated = stopping
             waited = time.monotonic() - since
-            if not terminated and (waited > GRACE_SECONDS or status == 124):
+            if not terminated and (waited > grace or status == 124):
                 _send(children, signal.SIGTERM)
                 stopping = (time.monotonic(), True)
-            elif terminated and waited > GRACE_SECONDS:
+            elif terminated and waited > grace:
                 _send(children, signal.SIGKILL)
         time.sleep(0.05)
     codes = [exit_status(child.returncode) for child in children]
@@ -228,10 +230,12 @@ def main(argv=None) -> int:
     parser.add_argument("--devices-per-process", type=int, default=1, help="CPU devices of each process (D)")
     parser.add_argument("--port", type=int, default=None, help="coordinator port (default: a free one)")
     parser.add_argument("--timeout", type=float, default=None, help="seconds before every process is stopped")
+    parser.add_argument("--grace", type=float, default=GRACE_SECONDS,
+                        help="after a process fails, seconds the others get to stop by themselves (then SIGTERM)")
     args = parser.parse_args(argv[:split])
     try:
         return launch(argv[split + 1:], processes=args.processes, devices_per_process=args.devices_per_process,
-                      port=args.port, timeout=args.timeout)
+                      port=args.port, timeout=args.timeout, grace=args.grace)
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -154,3 +155,50 @@ def test_a_lost_process_is_declared_within_the_configured_heartbeat_timeout():
     assert cluster_timeouts({"SEQMODELS_HEARTBEAT_TIMEOUT": "3"})["heartbeat_timeout_seconds"] == 3
     with pytest.raises(ValueError, match="SEQMODELS_SHUTDOWN_TIMEOUT='0' must be a whole number of seconds >= 1"):
         cluster_timeouts({"SEQMODELS_SHUTDOWN_TIMEOUT": "0"})
+
+
+CHILD = """
+import os, signal, sys, time
+index = int(os.environ["JAX_PROCESS_ID"])
+signal.signal(signal.SIGTERM, lambda *_: (print(f"SIGTERM reached {index}", flush=True), sys.exit(3)))
+print(f"pid {os.getpid()}", flush=True)
+if index == 1 and sys.argv[1] == "die":
+    time.sleep(0.3)
+    os.kill(os.getpid(), signal.SIGKILL)
+time.sleep(60)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_a_killed_process_makes_the_launcher_stop_the_other_and_report_128_plus_the_signal(tmp_path):
+    (tmp_path / "child.py").write_text(CHILD)
+    command = [sys.executable, "-m", "seqmodels.launch", "--processes", "2", "--grace", "0.5", "--",
+               str(tmp_path / "child.py"), "die"]
+    started = time.monotonic()
+    result = subprocess.run(command, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True,
+                            text=True, timeout=30)
+    assert time.monotonic() - started < 10
+    assert result.returncode == 137, result.stderr
+    assert "launch: process 1 was killed by signal 9; stopping the others" in result.stderr
+    assert "[process 0] SIGTERM reached 0" in result.stdout
+
+
+def test_children_of_a_launcher_killed_by_sigkill_die_with_it(tmp_path):
+    (tmp_path / "child.py").write_text(CHILD)
+    launcher = subprocess.Popen([sys.executable, "-m", "seqmodels.launch", "--processes", "2", "--",
+                                 str(tmp_path / "child.py"), "live"], cwd=ROOT,
+                                env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE, text=True)
+    pids = [int(launcher.stdout.readline().split()[-1]) for _ in range(2)]
+    launcher.kill()
+    launcher.wait()
+    deadline = time.monotonic() + 5
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(pid) for pid in pids)
