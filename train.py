@@ -7,6 +7,7 @@ own source files, byte-level, on whatever devices are present (a few minutes on 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from seqmodels.config_base import ConfigError
@@ -24,7 +25,7 @@ def parse_args(argv):
 EXIT_DONE = 0  # trained to train.steps (or train.exit_at_step)
 EXIT_DIVERGED = 1  # non-finite loss, or the collapse guard stopped the run; the last good checkpoint is kept
 EXIT_USAGE = 2  # bad config, data, run directory or checkpoint: nothing was overwritten
-EXIT_PREEMPTED = 3  # SIGTERM / SIGINT: a checkpoint of the last step was saved (if any step ran); rerun to resume
+EXIT_PREEMPTED = 3  # SIGTERM / SIGINT / SIGHUP (on any process of the run): a checkpoint was saved; rerun to resume
 EXIT_ABORTED = 130  # a second SIGINT: stopped at once, without saving
 
 
@@ -49,7 +50,7 @@ def _main(argv, standalone: bool) -> int:
         return print_help_config(help_text())
     from seqmodels.launch import initialize_distributed
     try:
-        initialize_distributed()  # one process of several (JAX_COORDINATOR_ADDRESS, SLURM, a TPU pod): join
+        joined = initialize_distributed()  # one process of several (JAX_COORDINATOR_ADDRESS, SLURM, a TPU pod): join
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
@@ -65,9 +66,16 @@ def _main(argv, standalone: bool) -> int:
         print("error: interrupted while starting; nothing was written", file=sys.stderr)
         return EXIT_ABORTED
     try:
-        return _train(args, stop, train, (ConfigError, DataError, CheckpointError, RunDirError), TrainingDiverged)
+        status = _train(args, stop, train, (ConfigError, DataError, CheckpointError, RunDirError), TrainingDiverged)
     finally:
         stop.settle() if standalone else stop.restore()
+    if status == EXIT_ABORTED and joined:
+        # Not jax.distributed.shutdown: its barrier would hold this process (and the others, blocked in a
+        # collective with it) for the shutdown timeout; the others see it lost within the heartbeat timeout.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_ABORTED)
+    return status
 
 
 def _train(args, stop, train, usage_errors, diverged) -> int:

@@ -7,8 +7,9 @@ layouts: ``document_rows.py`` (document corpora packed into rows: ``sources/text
 ``sources/needle.py``, and ``sources/cfl.py`` (context-free-language recognition, ``cfl/``).
 
 Each batch is ``{inputs, targets, segment_ids, positions: int32, loss_mask: float32}``, every
-array ``[batch_size, seq_len]``; ``batch_size`` is the rows of *this process* (the global batch
-divided by ``process_count``). ``packing.py`` defines the fields exactly.
+array ``[batch_size, seq_len]``; with ``process_index`` / ``process_count`` a process draws only its
+share of the documents (``batch_size`` rows of its own), which then depends on the process count:
+training instead draws the global batch on every process. ``packing.py`` defines the fields exactly.
 
 The training iterator is a ``grain.DatasetIterator``: ``get_state()`` is a small JSON-safe dict and
 ``set_state(state)`` on a fresh iterator of the same configuration continues the same batches,
@@ -26,8 +27,10 @@ bitwise. With an orbax ``CheckpointManager`` the state is saved next to the trai
         data=grain.checkpoint.CheckpointRestore(iterator)))
     # `iterator` (also restored["data"]) now continues where the saved one stood.
 
-grain writes one JSON file per process (``process_<i>-of-<n>.json``), so every process restores
-its own position. The state is read when ``save`` is called, also with asynchronous saving.
+grain writes one JSON file per process (``process_<i>-of-<n>.json``). Training draws the global
+batch on every process (``batch_size`` = the global batch) and keeps each process's rows
+(``seqmodels.training.batches``), so the files hold one position, which any number of processes
+continues. The state is read when ``save`` is called, also with asynchronous saving.
 """
 
 from __future__ import annotations

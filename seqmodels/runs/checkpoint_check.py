@@ -40,7 +40,9 @@ def saved_process_count(step_dir) -> int | None:
 def step_problems(step_dir, *, process_count: int | None = 1, with_data: bool = True) -> list[str]:
     """What is missing or unreadable in ``step_dir`` (empty when it looks complete).
 
-    ``process_count=None``: as many processes' data-iterator states as the step's file names say.
+    The data-iterator states are checked for the number of processes that wrote the step, as its file names
+    say (a run may resume on another number); ``process_count`` is that number when the step holds none
+    (``None``: then their absence is a problem).
     """
     step_dir = Path(step_dir)
     if not step_dir.is_dir():
@@ -62,12 +64,15 @@ def step_problems(step_dir, *, process_count: int | None = 1, with_data: bool = 
             problems.append(f"{item}/metadata is missing")
         elif not _is_json(path):
             problems.append(f"{item}/metadata is not readable JSON (truncated?)")
-    if with_data and process_count is None:
-        process_count = saved_process_count(step_dir)
+    if with_data:
+        counts = {int(match.group(1)) for path in (step_dir / "data").glob("process_*-of-*.json")
+                  if (match := re.fullmatch(r"process_\d+-of-(\d+)\.json", path.name))}
+        if len(counts) > 1:
+            problems.append(f"data/ holds the data-iterator states of runs of {sorted(counts)} processes")
+        process_count = max(counts) if counts else process_count
         if process_count is None:
             problems.append("data/ holds no data-iterator state")
             process_count = 0
-    if with_data:
         for index in range(process_count):
             path = step_dir / "data" / f"process_{index}-of-{process_count}.json"
             if not path.is_file():

@@ -1,4 +1,9 @@
-"""Global batches from per-process data: which rows each process reads, and how they become one array.
+"""Global batches from per-process data: which rows each process keeps, and how they become one array.
+
+Every process draws the same global batch of step s (the data pipeline with the global batch size, a
+function of the data settings and s alone) and keeps the block of rows its devices hold
+(``ProcessRows``); the data position is therefore the same on every process and does not depend on
+their number, so a checkpoint resumes on any number of processes.
 
 The batch ``[B, T]`` is split over the mesh axes ``data x fsdp`` (``logical_spec(("batch", None))``)
 and replicated over ``tensor``. A process must feed exactly the rows its own devices hold. When
@@ -52,3 +57,22 @@ def global_batch(batch: dict, sharding: NamedSharding, rows: int) -> dict:
     """One global ``[rows, ...]`` array per field from this process's shard of the batch."""
     return {key: jax.make_array_from_process_local_data(sharding, np.asarray(value), (rows, *np.shape(value)[1:]))
             for key, value in batch.items()}
+
+
+class ProcessRows:
+    """``batch -> batch[shard * rows : (shard + 1) * rows]`` for every field: this process's block of a global batch."""
+
+    def __init__(self, shard: int, shards: int, global_rows: int):
+        if not isinstance(shards, int) or shards < 1 or global_rows % shards:
+            raise ValueError(f"a {global_rows}-row batch cannot be split into {shards} equal blocks")
+        if not isinstance(shard, int) or not 0 <= shard < shards:
+            raise ValueError(f"shard must be an int in [0, {shards}), got {shard!r}")
+        rows = global_rows // shards
+        self.start, self.stop, self.global_rows = shard * rows, (shard + 1) * rows, global_rows
+
+    def __call__(self, batch: dict) -> dict:
+        for key, value in batch.items():
+            if np.shape(value)[0] != self.global_rows:
+                raise ValueError(f"batch field {key!r} has {np.shape(value)[0]} rows, expected the global "
+                                 f"{self.global_rows}")
+        return {key: np.asarray(value)[self.start:self.stop] for key, value in batch.items()}

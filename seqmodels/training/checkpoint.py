@@ -9,6 +9,7 @@ meta, data, config}``. Saves are atomic (orbax writes to a temporary directory a
 from __future__ import annotations
 
 import contextlib
+import json
 
 import grain
 import jax
@@ -28,11 +29,13 @@ class Checkpointer(RunCheckpoints):
             enable_async_checkpointing=config.async_save)
         super().__init__(run_dir, options)
         self.last_saved: int | None = None
+        self.restored_topology: dict | None = None
 
-    def save(self, step: int, state: dict, data_iterator, config_dict: dict) -> None:
+    def save(self, step: int, state: dict, data_iterator, config_dict: dict, topology: dict | None = None) -> None:
+        """Save ``step``; ``topology`` (``{"processes", "devices", "mesh"}``) is recorded in ``meta`` for the resume's log."""
         items = dict(params=ocp.args.StandardSave(state["params"]),
                      opt_state=ocp.args.StandardSave(state["opt_state"]),
-                     meta=ocp.args.JsonSave({"step": int(step)}),
+                     meta=ocp.args.JsonSave({"step": int(step), **({"topology": topology} if topology else {})}),
                      config=ocp.args.JsonSave(config_dict))
         if data_iterator is not None:
             items["data"] = grain.checkpoint.CheckpointSave(data_iterator)
@@ -59,27 +62,42 @@ class Checkpointer(RunCheckpoints):
                                   "space (or fix the directory's permissions) and run the same command to "
                                   "resume") from None
 
-    def check_process_count(self, step: int) -> None:
-        """Raise ``CheckpointError`` unless the checkpoint's data position was saved by as many processes
-        as run now: each process saved the position of its own share of the data, which another split
-        of the data cannot continue."""
+    def data_state(self, step: int) -> dict:
+        """The data position saved at ``step``, for this process; ``CheckpointError`` when it cannot continue here.
+
+        Every process draws the same global batches (``seqmodels.training.batches``), so every process
+        saved the same position and any process count continues it. Checkpoints whose processes saved
+        different positions (each reading its own share of the data) continue only with as many processes.
+        """
         files = sorted((self.directory / str(step) / "data").glob("process_*-of-*.json"))
-        saved = {int(f.stem.rsplit("-of-", 1)[1]) for f in files}
-        if saved and saved != {jax.process_count()}:
+        states = {f.name: json.loads(f.read_text()) for f in files}
+        if not states:
+            raise CheckpointError(f"the checkpoint at step {step} in {self.directory} holds no data position "
+                                  "(data/process_*-of-*.json)")
+        first = next(iter(states.values()))
+        if all(state == first for state in states.values()):
+            return first
+        saved = int(files[0].stem.rsplit("-of-", 1)[1])
+        mine = f"process_{jax.process_index()}-of-{jax.process_count()}.json"
+        if mine not in states:
             raise CheckpointError(
-                f"the checkpoint at step {step} in {self.directory} was written by {min(saved)} process(es) and "
-                f"this run has {jax.process_count()}: the data position of each process cannot be carried over "
-                f"to another number of processes. Resume with {min(saved)} process(es), or start a new "
-                "train.run_dir (its parameters can be loaded for evaluation on any number of devices).")
+                f"the checkpoint at step {step} in {self.directory} was written by {saved} process(es), each at its "
+                f"own position in its own share of the data, and this run has {jax.process_count()}: resume with "
+                f"{saved} process(es), or start a new train.run_dir (its parameters can be loaded for evaluation on "
+                "any number of devices).")
+        return states[mine]
 
     def restore(self, step: int, abstract_state: dict, data_iterator) -> dict:
-        """Restore the train state (into ``abstract_state``'s shardings) and the data iterator in place."""
+        """Restore the train state onto ``abstract_state``'s shardings (whatever mesh and process count wrote it)
+        and the data iterator in place; ``restored_topology`` is then the topology that saved it (or None)."""
+        data = self.data_state(step) if data_iterator is not None else None
         items = dict(params=ocp.args.StandardRestore(_abstract(abstract_state["params"])),
                      opt_state=ocp.args.StandardRestore(_abstract(abstract_state["opt_state"])),
                      meta=ocp.args.JsonRestore())
-        if data_iterator is not None:
-            items["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
         restored = self.manager.restore(step, args=ocp.args.Composite(**items))
+        if data is not None:
+            data_iterator.set_state(data)
+        self.restored_topology = restored.meta.get("topology")
         step_array = jax.device_put(jax.numpy.asarray(restored.meta["step"], jax.numpy.int32),
                                     abstract_state["step"].sharding)
         return {"step": step_array, "params": restored.params, "opt_state": restored.opt_state}

@@ -33,7 +33,8 @@ from seqmodels.optim.build import build_optimizer
 from seqmodels.runs.checkpoint_check import describe_incomplete, restore_with_fallback
 from seqmodels.runs.checkpoints import CheckpointError
 from seqmodels.sharding import logical_spec, make_mesh, param_logical_axes
-from seqmodels.training.batches import data_shard, global_batch
+from seqmodels.training.agreed_stop import AgreedStop
+from seqmodels.training.batches import ProcessRows, data_shard, global_batch
 from seqmodels.training.checkpoint import Checkpointer
 from seqmodels.training.flops import mfu, peak_flops_per_device
 from seqmodels.training.guard import CollapseGuard
@@ -143,11 +144,10 @@ def train(config: Config, stop: StopFlag | None = None) -> dict:
         mesh = _make_mesh(config)
         validate(config, mesh)
         batch_sharding = NamedSharding(mesh, logical_spec(("batch", None)))
-        # processes holding the same rows share one data shard
+        # every process draws the global batch and keeps its rows (processes holding the same rows: one shard)
         shard, shards = data_shard(batch_sharding, config.train.batch_size)
-        dataset = make_train_dataset(config.data, batch_size=config.train.batch_size // shards, process_index=shard,
-                                     process_count=shards)
-        iterator = iter(dataset)
+        dataset = make_train_dataset(config.data, batch_size=config.train.batch_size)
+        iterator = iter(dataset.map(ProcessRows(shard, shards, config.train.batch_size)) if shards > 1 else dataset)
         # One lock per run, held by process 0: the processes of one multi-process run share the directory.
         with RunDirLock(config.train.run_dir) if jax.process_index() == 0 else contextlib.nullcontext():
             checkpointer, choice, incomplete = _open_checkpoints(config)
@@ -222,8 +222,10 @@ def _run(config: Config, mesh, iterator, checkpointer: Checkpointer, choice, inc
         param_shapes=trainable_part(shapes, trainable))
     graphdef, state, shardings = init_train_state(config.model, config.train.seed, mesh, optimizer, trainable)
     start, notes = 0, []
+    topology = {"processes": jax.process_count(), "devices": jax.device_count(), "mesh": dict(mesh.shape)}
     if choice is not None:
         state, start, notes = _restore_newest_complete(config, checkpointer, choice, incomplete, state, iterator)
+        notes.append(topology_note(checkpointer.restored_topology, topology, start))
     else:  # a model that starts from a checkpoint (its kind's base) takes its weights now
         state = {**state, "params": start_params(config.model, state["params"], shardings["params"])}
     if jax.process_index() == 0:
@@ -245,7 +247,7 @@ def _run(config: Config, mesh, iterator, checkpointer: Checkpointer, choice, inc
                              checkpoint_dir=checkpointer.directory)
     try:
         interrupted_by = _steps(config, state, step_fn, iterator, batch_sharding, checkpointer, recorder, stop,
-                                range(start + 1, last_step + 1))
+                                range(start + 1, last_step + 1), topology)
     finally:
         logger.close()
     losses = recorder.losses
@@ -255,39 +257,55 @@ def _run(config: Config, mesh, iterator, checkpointer: Checkpointer, choice, inc
             "interrupted_by": interrupted_by, "last_saved": recorder.last_saved}
 
 
+def _topology_text(topology: dict) -> str:
+    return f"{topology['processes']} process(es) x {topology['devices']} devices, mesh {topology['mesh']}"
+
+
+def topology_note(saved: dict | None, now: dict, step: int) -> str:
+    """The resume's log line about the topology: the checkpoint's and this run's."""
+    if saved is None:
+        return f"topology: step {step} was saved before topologies were recorded; now {_topology_text(now)}"
+    if saved == now:
+        return f"topology: {_topology_text(now)}, as when step {step} was saved"
+    return (f"topology: step {step} was saved by {_topology_text(saved)}; resuming on {_topology_text(now)} (the "
+            "state is restored onto the new shardings and the data continues at the same global position)")
+
+
 def _steps(config: Config, state, step_fn, iterator, batch_sharding, checkpointer: Checkpointer,
-           recorder: _StepRecorder, stop: StopFlag, steps: range) -> str | None:
+           recorder: _StepRecorder, stop: StopFlag, steps: range, topology: dict) -> str | None:
     """The steps; a checkpoint every ``checkpoint.every_steps``, at the end and on a signal, deferred while
     the collapse guard finds the latest step anomalous (so a suspect state never rotates good ones out).
 
     Returns the name of the signal that stopped the run before its last step, else None: a signal that
     arrives once the last step has run (while its checkpoint is written) changes nothing."""
     logger, config_dict, pending, owed = recorder.logger, to_dict(config), None, False
-    if stop.signal_name:
+    if stop.signal_name and jax.process_count() == 1:  # several processes first agree on a step (AgreedStop)
         logger.message(f"{stop.signal_name} received before the first step: nothing was saved; run the same "
                        "command again to start.")
         return stop.signal_name
-    interrupted_by = None
+    interrupted_by, agreed = None, AgreedStop(stop)
     for step in steps:
         state, metrics = step_fn(state, global_batch(next(iterator), batch_sharding, config.train.batch_size))
+        stopping = agreed.should_stop(step)  # the same answer on every process
         if pending is not None:
             recorder.record(*pending)  # the previous step's metrics, read while this one runs
         pending = (step, metrics)
-        if owed or step % config.checkpoint.every_steps == 0 or step == steps[-1] or stop.signal_name:
+        if owed or step % config.checkpoint.every_steps == 0 or step == steps[-1] or stopping:
             recorder.record(*pending)
             pending = None
             owed = recorder.guard.suspicious
             if owed:
                 logger.message(f"checkpoint at step {step} deferred: {recorder.guard.streak[-1]}")
             else:
-                checkpointer.save(step, state, iterator, config_dict)
+                checkpointer.save(step, state, iterator, config_dict, topology)
                 recorder.last_saved = step
-        if stop.signal_name:
+        if stopping:
             saved = (f"checkpoint saved at step {step}" if recorder.last_saved == step else
                      f"step {step} is anomalous and was not saved; the last checkpoint is step {recorder.last_saved}")
             if step != steps[-1]:
-                interrupted_by = stop.signal_name
-                logger.message(f"{stop.signal_name} received: {saved}; run the same command again to resume.")
+                interrupted_by = stop.reason
+                why = f"{stop.signal_name} received" if stop.signal_name else f"stopping for {stop.elsewhere}"
+                logger.message(f"{why}: {saved}; run the same command again to resume.")
             break
     if pending is not None:
         recorder.record(*pending)

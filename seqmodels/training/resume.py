@@ -20,9 +20,11 @@ from seqmodels.runs.checkpoint_check import newest_complete
 from seqmodels.runs.checkpoints import CheckpointError
 
 # Keys (or sections, ending in '.') a resume may change without being asked: where the run lives, when
-# this process stops, how the collapse guard watches, how checkpoints are kept and how metrics are shown.
+# this process stops, how the collapse guard watches, how checkpoints are kept, how metrics are shown
+# and the topology it runs on.
+# The mesh too: the global batches do not depend on it, and the state is restored onto the new one.
 RESUMABLE_KEYS = ("train.run_dir", "train.exit_at_step", "train.guard_steps", "train.guard_sigma", "checkpoint.",
-                  "log.")
+                  "log.", "mesh.")
 
 
 def check_allow_changes(allowed: tuple[str, ...]) -> None:
@@ -98,7 +100,7 @@ def choose_step(checkpointer, config: Config, incomplete: dict[int, str], *, pro
     settings as ``config`` (else ``CheckpointError``).
     """
     step = newest_complete(checkpointer.directory, checkpointer.manager.all_steps(), incomplete,
-                           check=checkpointer.check_process_count, process_count=process_count)
+                           process_count=process_count)
     if step is None:
         return None
     checkpointer.check_architecture(step, to_dict(config)["model"])

@@ -1,4 +1,4 @@
-"""Stopping on SIGTERM / SIGINT at a step boundary (imports nothing heavy, so it can be installed first)."""
+"""Stopping on SIGTERM / SIGINT / SIGHUP at a step boundary (imports nothing heavy, so it can be installed first)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,12 @@ import signal
 
 from seqmodels.training.streams import write_fd
 
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # SIGHUP: a lost terminal or a scheduler's preemption
+
 
 class StopFlag:
-    """Set by SIGTERM / SIGINT; the loop checkpoints and stops at the next step boundary.
+    """Set by SIGTERM / SIGINT / SIGHUP; the loop checkpoints and stops at the next step boundary
+    (in a multi-process run, at the step every process agrees on: ``seqmodels.training.agreed_stop``).
 
     Installed as ``train`` starts, so a signal during set-up or the first compile also stops cleanly
     (before any step, nothing is saved). A second signal restores the previous handlers and re-raises
@@ -17,7 +20,9 @@ class StopFlag:
 
     def __init__(self):
         self.signal_name = None
-        self._previous = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
+        self.signal_number = 0
+        self.elsewhere = None  # what stopped another process of the run, once every process agreed to stop
+        self._previous = {s: signal.signal(s, self._handle) for s in SIGNALS}
 
     def _handle(self, signum, frame):
         if self.signal_name is not None:
@@ -25,6 +30,7 @@ class StopFlag:
             signal.raise_signal(signum)
             return
         self.signal_name = signal.Signals(signum).name
+        self.signal_number = int(signum)
         # os.write, not print: a handler may run while the main thread is inside a print of its own.
         write_fd(2, f"{self.signal_name} received: stopping after this step with a checkpoint; send it again "
                     "to stop at once without saving\n")  # a closed stderr drops the message, never the run
@@ -34,6 +40,11 @@ class StopFlag:
         exits changes neither, so the handled signals are ignored instead of restored."""
         for s in self._previous:
             signal.signal(s, signal.SIG_IGN)
+
+    @property
+    def reason(self) -> str | None:
+        """What stopped the run: this process's signal, else another process's, else None."""
+        return self.signal_name or self.elsewhere
 
     def restore(self):
         for s, handler in self._previous.items():
