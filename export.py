@@ -34,7 +34,7 @@ def parse_args(argv):
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     from seqmodels.config import ConfigError
-    from seqmodels.hf.errors import HFFormatError
+    from seqmodels.errors import HFFormatError
     from seqmodels.hf.export import export_run
     from seqmodels.runs.checkpoints import CheckpointError
     try:

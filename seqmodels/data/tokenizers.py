@@ -3,7 +3,7 @@
 ``ByteTokenizer`` maps text to its UTF-8 bytes: ids 0..255 are bytes, 256 is BOS (start of a
 document), 257 is EOS (end of a document); ``vocab_size`` = 258. ``encode`` returns the bytes only;
 the data pipeline frames each document as ``document_ids()`` = ``(BOS, EOS)`` around them.
-``data.tokenizer: hf:DIR`` is a Hugging Face directory's tokenizer (``seqmodels.hf.tokenizer``), with
+``data.tokenizer: hf:DIR`` is a Hugging Face directory's tokenizer (``seqmodels.data.hf_tokenizer``), with
 the same ``encode`` / ``decode`` / ``vocab_size`` / ``document_ids`` interface. Training a BPE
 tokenizer is a builder: ``python -m seqmodels.data.builders.tokenizer train``.
 """
@@ -62,8 +62,8 @@ class ByteTokenizer:
 
 @functools.lru_cache(maxsize=8)
 def _hf_tokenizer(directory: str):
-    from seqmodels.hf.errors import HFFormatError
-    from seqmodels.hf.tokenizer import load_tokenizer
+    from seqmodels.errors import HFFormatError
+    from seqmodels.data.hf_tokenizer import load_tokenizer
     try:
         tokenizer = load_tokenizer(directory)
         tokenizer.document_ids()  # refuses a tokenizer without an end-of-document token now, not mid-pipeline

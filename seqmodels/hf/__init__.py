@@ -5,21 +5,23 @@ first format that takes it (``export.py``), ``load_pretrained`` reads any of the
 resolves a model whose architecture and weights come from another checkpoint (``model.init_from``,
 ``model.ahn.base``). ``torch/`` holds the PyTorch modules copied into every ``model_type: seqmodels`` export.
 
-Names are imported on first use (PEP 562), so ``seqmodels.data`` can use the tokenizer without
-importing the model code that ``load_pretrained`` needs.
+Names are imported on first use (PEP 562), so importing the package does not import the model code that
+``load_pretrained`` needs. The tokenizer of a directory (``load_tokenizer``) lives with the data pipeline,
+which uses it for ``data.tokenizer: hf:DIR``, and ``HFFormatError`` in ``seqmodels.errors``.
 """
 
 from __future__ import annotations
 
 import importlib
 
-_EXPORTS = {"HFFormatError": "errors", "HFTokenizer": "tokenizer", "load_tokenizer": "tokenizer",
-            "load_model_config": "formats", "load_pretrained": "formats", "load_pretrained_params": "formats",
-            "resolve_base": "base", "start_params": "base"}
+_EXPORTS = {"HFFormatError": "seqmodels.errors", "HFTokenizer": "seqmodels.data.hf_tokenizer",
+            "load_tokenizer": "seqmodels.data.hf_tokenizer", "load_model_config": "seqmodels.hf.formats",
+            "load_pretrained": "seqmodels.hf.formats", "load_pretrained_params": "seqmodels.hf.formats",
+            "resolve_base": "seqmodels.hf.base", "start_params": "seqmodels.hf.base"}
 __all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str):
     if name not in _EXPORTS:
         raise AttributeError(f"module 'seqmodels.hf' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"seqmodels.hf.{_EXPORTS[name]}"), name)
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

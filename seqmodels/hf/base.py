@@ -38,7 +38,7 @@ import jax
 from seqmodels.config import Config, ConfigError, ModelConfig
 from seqmodels.config_ahn import DEFAULT_AHN_BASE
 from seqmodels.hf import gguf
-from seqmodels.hf.errors import HFFormatError
+from seqmodels.errors import HFFormatError
 from seqmodels.hf.formats import load_model_config, load_pretrained_params
 from seqmodels.hf.remote_code import with_run_settings
 from seqmodels.models import KINDS, model_kind

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from seqmodels.hf.errors import HFFormatError
+from seqmodels.errors import HFFormatError
 from seqmodels.hf.gguf import SMOLLM2_FILE, convert_gguf, default_gguf_path
 
 

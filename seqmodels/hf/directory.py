@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from seqmodels.hf.errors import HFFormatError
+from seqmodels.errors import HFFormatError
 
 REQUIRED_NOTES = {"config.json": " (a Hugging Face model directory has one)"}
 

@@ -24,7 +24,7 @@ from seqmodels.hf.formats import FORMATS, export_format
 from seqmodels.hf.output_dir import check_new_directory, write_new_directory
 from seqmodels.hf.safetensors_io import MAX_SHARD_BYTES
 from seqmodels.hf.tensor_rules import check_export_dtype
-from seqmodels.hf.tokenizer import TOKENIZER_FILES, load_tokenizer
+from seqmodels.data.hf_tokenizer import TOKENIZER_FILES, load_tokenizer
 from seqmodels.models.stack import repeat_period, unstack_blocks
 from seqmodels.runs.load import load_run_params, read_run_config
 

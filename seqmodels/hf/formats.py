@@ -21,7 +21,7 @@ from flax import nnx
 from seqmodels.config import ModelConfig
 from seqmodels.hf import llama, remote_code
 from seqmodels.hf.directory import hf_directory, read_json
-from seqmodels.hf.errors import HFFormatError
+from seqmodels.errors import HFFormatError
 from seqmodels.models import abstract_model
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from seqmodels.hf.directory import write_json
-from seqmodels.hf.errors import HFFormatError
+from seqmodels.errors import HFFormatError
 from seqmodels.hf.llama import write_files
 from seqmodels.hf.output_dir import check_new_directory, write_new_directory
 from seqmodels.hf.safetensors_io import MAX_SHARD_BYTES

@@ -42,7 +42,7 @@ from flax import nnx
 
 from seqmodels.config import ConfigError, ModelConfig
 from seqmodels.hf.directory import write_json
-from seqmodels.hf.errors import HFFormatError
+from seqmodels.errors import HFFormatError
 from seqmodels.hf.safetensors_io import write_checkpoint
 from seqmodels.hf.tensor_rules import TensorRule, fill_params, tensors_of
 from seqmodels.models import abstract_model

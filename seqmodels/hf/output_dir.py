@@ -7,7 +7,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from seqmodels.hf.errors import HFFormatError
+from seqmodels.errors import HFFormatError
 
 
 def check_new_directory(out_dir: Path, flag: str = "--out", *, force: bool = False) -> None:

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
-from seqmodels.hf.errors import HFFormatError
+from seqmodels.errors import HFFormatError
 from seqmodels.hf.safetensors_io import SafetensorsCheckpoint
 
 ParamPath = tuple  # a path into the nested parameter dict, e.g. ("blocks", 0, "mixer", "query", "kernel")

@@ -15,8 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from seqmodels.hf.directory import hf_directory
-from seqmodels.hf.errors import HFFormatError
+from seqmodels.errors import HFFormatError
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 _ROLES = ("bos", "eos", "pad")
@@ -89,4 +88,9 @@ class HFTokenizer:
 
 def load_tokenizer(path) -> HFTokenizer:
     """The tokenizer of the Hugging Face directory ``path`` (its ``tokenizer.json``)."""
-    return HFTokenizer(hf_directory(path, required="tokenizer.json"))
+    directory = Path(path)
+    if not directory.is_dir():
+        raise HFFormatError(f"{directory}: no such directory (expected a Hugging Face model directory)")
+    if not (directory / "tokenizer.json").is_file():
+        raise HFFormatError(f"{directory}: no tokenizer.json")
+    return HFTokenizer(directory)
