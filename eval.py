@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -123,21 +124,50 @@ def check_suites_fit(suites, config, run_dir) -> None:
                               f"{usable or 'another suite'} ({run_dir})")
 
 
+def check_out(out: Path) -> None:
+    """``ConfigError`` when ``--out`` can never be written (a directory): said before any suite runs."""
+    if out.is_dir():
+        raise ConfigError(f"--out {out} is a directory; give the path of the JSON file to write, e.g. "
+                          f"{out / 'eval.json'} (the plot goes beside it)")
+
+
 def write_results(results: dict, out: Path) -> None:
-    """Write ``out`` (and the perplexity plot beside it) only now that every suite has run; atomically."""
+    """Write ``out`` (and the perplexity plot and AHN table beside it) only now that every suite has run.
+
+    Each file is written to a hidden temporary beside it and renamed into place, so a reader never sees
+    a partial file; when any write fails, every temporary is removed and no file of this evaluation is left.
+    """
     out.parent.mkdir(parents=True, exist_ok=True)
-    if "perplexity" in results:
-        from seqmodels.evaluation.perplexity import plot_loss_by_position
-        plot_loss_by_position(results["perplexity"], out.with_name(out.stem + "_loss_by_position.png"))
-    if "ahn" in results:
-        from seqmodels.evaluation.ahn import markdown_table
-        out.with_name(out.stem + "_ahn.md").write_text(markdown_table(results["ahn"]))
-    temporary = out.with_name(out.name + ".tmp")
-    temporary.write_text(json.dumps(results, indent=2))
-    temporary.replace(out)
+    writes = []  # (temporary, final)
+
+    def temporary(final: Path) -> Path:
+        path = final.with_name(f".{final.stem}.{os.getpid()}.tmp{final.suffix}")  # the suffix says the format
+        writes.append((path, final))
+        return path
+
+    try:
+        if "perplexity" in results:
+            from seqmodels.evaluation.perplexity import plot_loss_by_position
+            plot_loss_by_position(results["perplexity"], temporary(out.with_name(out.stem + "_loss_by_position.png")))
+        if "ahn" in results:
+            from seqmodels.evaluation.ahn import markdown_table
+            temporary(out.with_name(out.stem + "_ahn.md")).write_text(markdown_table(results["ahn"]))
+        temporary(out).write_text(json.dumps(results, indent=2))
+        for path, final in writes:
+            path.replace(final)
+    except BaseException:
+        for path, _ in writes:
+            path.unlink(missing_ok=True)
+        raise
 
 
 def main(argv=None) -> int:
+    from seqmodels.training.streams import quiet_when_closed
+    with quiet_when_closed():  # a reader that closes stdout or stderr silences the output, never the work
+        return _main(argv)
+
+
+def _main(argv) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     from seqmodels.data.errors import DataError
     from seqmodels.runs.checkpoints import CheckpointError
@@ -146,6 +176,7 @@ def main(argv=None) -> int:
     out = Path(args.out) if args.out else run_dir / "eval.json"
     try:
         suites, args.lengths_list = check_args(args)
+        check_out(out)
         config, model, step = load_run(run_dir, step=args.step)
         check_suites_fit(suites, config, run_dir)
         results = {"run": str(run_dir), "step": step}

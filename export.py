@@ -10,7 +10,8 @@ loaded with ``trust_remote_code=True`` (``AutoModelForCausalLM``; the looped mod
 ``AutoModelForSequenceClassification``). Either way:
 ``config.json``, ``model.safetensors`` (sharded with an index above 2 GB), ``generation_config.json``,
 and the tokenizer files when the run used ``data.tokenizer: hf:DIR``. ``--out`` must not exist or be
-empty unless ``--force``; nothing is written when the export fails.
+empty unless ``--force``, which replaces an earlier export only (never a directory holding a run, a
+checkpoint, this repository or the working directory); nothing is written when the export fails.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ def parse_args(argv):
     parser.add_argument("--run", required=True, help="run directory (train.run_dir of the run)")
     parser.add_argument("--out", required=True, help="directory to write (must not exist, or be empty)")
     parser.add_argument("--force", action="store_true",
-                        help="replace an existing --out directory (once the new export is complete)")
+                        help="replace an earlier export at --out (once the new export is complete); a directory "
+                             "holding a run, a checkpoint, the repository or the working directory is refused")
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                         help="dtype of the written weights")
@@ -32,6 +34,12 @@ def parse_args(argv):
 
 
 def main(argv=None) -> int:
+    from seqmodels.training.streams import quiet_when_closed
+    with quiet_when_closed():  # a reader that closes stdout or stderr silences the output, never the work
+        return _main(argv)
+
+
+def _main(argv) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     from seqmodels.config import ConfigError
     from seqmodels.errors import HFFormatError

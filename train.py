@@ -7,7 +7,6 @@ own source files, byte-level, on whatever devices are present (a few minutes on 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 from seqmodels.config_base import ConfigError
@@ -30,15 +29,20 @@ EXIT_ABORTED = 130  # a second SIGINT: stopped at once, without saving
 
 
 def print_help_config(text: str) -> int:
-    """Print ``text``; a closed pipe (``--help-config | head``) is the reader's choice, not an error."""
-    try:
-        print(text, flush=True)
-    except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at interpreter exit
+    """Print ``text``; a closed pipe (``--help-config | head``) is the reader's choice (``quiet_when_closed``)."""
+    print(text, flush=True)
     return EXIT_DONE
 
 
-def main(argv=None) -> int:
+def main(argv=None, *, standalone: bool = False) -> int:
+    """Train as ``argv`` says; returns the exit status. ``standalone`` (``python train.py``): once the run is over,
+    SIGTERM / SIGINT are ignored until the process exits, so a signal after the last step changes nothing."""
+    from seqmodels.training.streams import quiet_when_closed
+    with quiet_when_closed():  # a reader that closes stdout or stderr silences the messages, never the run
+        return _main(argv, standalone)
+
+
+def _main(argv, standalone: bool) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     from seqmodels.config_io import help_text
     if args.help_config:
@@ -63,16 +67,20 @@ def main(argv=None) -> int:
     try:
         return _train(args, stop, train, (ConfigError, DataError, CheckpointError, RunDirError), TrainingDiverged)
     finally:
-        stop.restore()
+        stop.settle() if standalone else stop.restore()
 
 
 def _train(args, stop, train, usage_errors, diverged) -> int:
     from seqmodels.config_io import load_config
-    from seqmodels.hf.base import explicit_model_keys, prepare_base, resolve_base
+    from seqmodels.hf.base import explicit_model_keys, prepare_base, resolve_base, resolve_learning_rate
     try:
         prepare_base(args.config, args.overrides)  # a base to convert on first use may be the data's tokenizer
         explicit = explicit_model_keys(args.config, args.overrides)  # what the user set, against the base's
         config = resolve_base(load_config(args.config, args.overrides), explicit)
+        learning_rate_set = "learning_rate" in explicit_model_keys(args.config, args.overrides, "optim")
+        config, note = resolve_learning_rate(config, learning_rate_set)  # pretrained weights: not 3e-3
+        if note:
+            print(note, flush=True)
         summary = train(config, stop)
     except usage_errors as error:
         print(f"error: {error}", file=sys.stderr)
@@ -103,4 +111,4 @@ def _train(args, stop, train, usage_errors, diverged) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(standalone=True))

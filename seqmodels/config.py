@@ -84,6 +84,7 @@ class OptimConfig:
         _require(self.weight_decay >= 0, "optim.weight_decay", "must be >= 0")
         _require(0.0 <= self.b1 < 1.0 and 0.0 <= self.b2 < 1.0, "optim.b1/b2", "must be in [0, 1)")
         _require(self.grad_clip >= 0, "optim.grad_clip", "must be >= 0")
+        _require(self.eps > 0, "optim.eps", f"must be > 0 (Adam divides by sqrt(v) + eps), got {self.eps}")
         _require(0.0 <= self.muon_momentum < 1.0, "optim.muon_momentum", "must be in [0, 1)")
         _require(self.muon_ns_steps >= 0, "optim.muon_ns_steps", "must be >= 0")
         _require(self.muon_adam_learning_rate >= 0, "optim.muon_adam_learning_rate", "must be >= 0")
@@ -106,7 +107,7 @@ class TrainConfig:
     guard_sigma: float = describe("loss spike threshold of the guard, in running standard deviations", 6.0)
 
     def __post_init__(self):
-        _require_at_least(self, "train", steps=1, batch_size=1, grad_accum=1)
+        _require_at_least(self, "train", steps=1, batch_size=1, grad_accum=1, seed=0)
         _require(self.batch_size % self.grad_accum == 0, "train.batch_size",
                  f"{self.batch_size} is not divisible by train.grad_accum={self.grad_accum}")
         _require(0 <= self.exit_at_step <= self.steps, "train.exit_at_step",

@@ -125,7 +125,7 @@ class DataConfig:
                  f"must be in (0, 1), got {self.heldout_fraction}")
         _require(self.max_documents >= 0, "data.max_documents", "must be >= 0")
         _require(bool(self.text_field), "data.text_field", "must not be empty")
-        _require_at_least(self, "data", needle_key_length=1, needle_value_length=1, needle_distractors=0)
+        _require_at_least(self, "data", needle_key_length=1, needle_value_length=1, needle_distractors=0, seed=0)
         if self.source == "needle":
             shortest = needle_min_length(self.needle_key_length, self.needle_value_length, self.needle_distractors)
             _require(self.seq_len + 1 >= shortest, "data.seq_len",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import math
 import re
 import types
 import typing
@@ -82,6 +83,18 @@ def parse_mixers(value) -> tuple[str, ...]:
     return names
 
 
+def _finite(key: str, value) -> float:
+    """Every float setting is a finite number: an infinity or NaN (YAML ``.inf`` / ``.nan``), or an integer
+    too large for a float, is refused."""
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number):
+        raise ConfigError(f"{key}: must be a finite number, got {value}")
+    return number
+
+
 def _coerce(key: str, annotation, value):
     """Check ``value`` against a field annotation; ints are accepted for floats."""
     origin = typing.get_origin(annotation)
@@ -109,9 +122,9 @@ def _coerce(key: str, annotation, value):
         item_type = typing.get_args(annotation)[0]
         return tuple(_coerce(f"{key}[{i}]", item_type, v) for i, v in enumerate(value))
     if annotation is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
+        return _finite(key, value)
     if annotation is float and isinstance(value, str) and _FLOAT.match(value.strip()):
-        return float(value)  # YAML 1.1 reads '1e-3' (no dot) as a string
+        return _finite(key, value)  # YAML 1.1 reads '1e-3' (no dot) as a string
     if annotation in (int, str, bool) and type(value) is annotation:
         return value
     raise ConfigError(f"{key}: expected {getattr(annotation, '__name__', annotation)}, "
@@ -180,13 +193,24 @@ def _deep_merge(base: dict, update: dict, prefix: str = "") -> dict:
     return merged
 
 
+def data_repr(data: bytes) -> str:
+    return " ".join(f"0x{byte:02x}" for byte in data)
+
+
 def read_yaml(path) -> dict:
     """Read a config YAML file into a dict, with file-level errors a user can act on."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist")
     try:
-        tree = yaml.load(path.read_text(), Loader=_StrictLoader)
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"config file {str(path)!r} is not UTF-8 text (byte {error.start}: "
+                          f"{data_repr(error.object[error.start:error.start + 4])}); save it as UTF-8") from None
+    except OSError as error:
+        raise ConfigError(f"config file {str(path)!r} cannot be read: {error.strerror or error}") from None
+    try:
+        tree = yaml.load(text, Loader=_StrictLoader)
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

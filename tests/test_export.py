@@ -32,6 +32,7 @@ def random_params(config: ModelConfig, seed: int = 0) -> dict:
     return jax.tree.unflatten(tree, noisy)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config,architecture", [(LLAMA, "LlamaForCausalLM"), (QWEN2, "Qwen2ForCausalLM")])
 def test_export_loads_in_transformers_with_logits_within_1e4(tmp_path, config, architecture):
     import torch
@@ -84,6 +85,7 @@ def test_what_a_llama_cannot_hold_exports_as_a_seqmodels_model(tmp_path, change)
     assert (out / "modeling_seqmodels.py").is_file()
 
 
+@pytest.mark.slow
 def test_export_py_writes_a_trained_run_that_loads_back_bitwise(tmp_path, capsys):
     run = tmp_path / "run"
     corpus = str(write_corpus(tmp_path / "corpus") / "*.txt")

@@ -52,6 +52,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
+from pallas_kernels.atlas_memory.constants import NORM_EPS
 from pallas_kernels.newton_schulz import newton_schulz
 
 
@@ -95,7 +96,6 @@ def _silu_derivative(z):
     return s * (1.0 + z * (1.0 - s))
 
 
-NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, as in titans-pytorch
 
 
 def _check_gain(gain, layout: MemoryLayout) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from seqmodels.errors import HFFormatError
+from seqmodels.errors import HFFormatError, reading
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 _ROLES = ("bos", "eos", "pad")
@@ -30,9 +30,12 @@ def _json_or_empty(path: Path) -> dict:
     if not path.is_file():
         return {}
     try:
-        return json.loads(path.read_text())
-    except ValueError as error:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
         raise HFFormatError(f"{path}: not readable JSON ({error})") from None
+    if not isinstance(value, dict):
+        raise HFFormatError(f"{path}: expected a JSON object, got {type(value).__name__}")
+    return value
 
 
 class HFTokenizer:
@@ -48,7 +51,8 @@ class HFTokenizer:
         except Exception as error:  # the tokenizers library raises its own Exception type
             raise HFFormatError(f"{directory / 'tokenizer.json'}: not a readable tokenizer ({error})") from None
         self.vocab_size = self._tokenizer.get_vocab_size(with_added_tokens=True)
-        ids = self._special_ids()
+        with reading(directory, "tokenizer's special-token settings"):
+            ids = self._special_ids()
         self.bos_id, self.eos_id, self.pad_id = ids["bos"], ids["eos"], ids["pad"]
 
     def _special_ids(self) -> dict:
@@ -60,6 +64,11 @@ class HFTokenizer:
             token = _token_string(settings.get(f"{role}_token"))
             token_id = self._tokenizer.token_to_id(token) if token else None
             ids[role] = token_id if token_id is not None else model.get(f"{role}_token_id")
+            if isinstance(ids[role], list) and ids[role]:  # several ids (e.g. two EOS tokens): the first
+                ids[role] = ids[role][0]
+            if ids[role] is not None and not (type(ids[role]) is int and 0 <= ids[role] < self.vocab_size):
+                raise HFFormatError(f"{self.directory / 'config.json'}: {role}_token_id {ids[role]!r} is not a token "
+                                    f"id of the tokenizer (0 .. {self.vocab_size - 1})")
         return ids
 
     def encode(self, text: str) -> list[int]:

@@ -201,17 +201,37 @@ def _leaf_keys(tree: dict, prefix: str = "") -> set[str]:
     return keys
 
 
-def _model_sections(path, overrides) -> list[dict]:
-    """The ``model`` sections of the YAML at ``path`` and of ``overrides``, the overrides first."""
+def _model_sections(path, overrides, name: str = "model") -> list[dict]:
+    """The ``name`` sections of the YAML at ``path`` and of ``overrides``, the overrides first."""
     from seqmodels.config_io import parse_overrides, read_yaml
     tree = read_yaml(path) if path else {}
-    sections = [parse_overrides(overrides).get("model") or {}, tree.get("model") or {}]
+    sections = [parse_overrides(overrides).get(name) or {}, tree.get(name) or {}]
     return [section for section in sections if isinstance(section, dict)]
 
 
-def explicit_model_keys(path=None, overrides=()) -> set[str]:
-    """The ``model`` keys (``d_model``, ``attention.rope_theta``, ...) the YAML at ``path`` or ``overrides`` set."""
-    return set().union(*(_leaf_keys(section) for section in _model_sections(path, overrides)))
+def explicit_model_keys(path=None, overrides=(), section: str = "model") -> set[str]:
+    """The keys of ``section`` (``d_model``, ``attention.rope_theta``, ...) that the YAML or ``overrides`` set."""
+    return set().union(*(_leaf_keys(found) for found in _model_sections(path, overrides, section)))
+
+
+def resolve_learning_rate(config: Config, learning_rate_set: bool) -> tuple[Config, str | None]:
+    """``(config, note)``: a model that starts from a base trains at its kind's default rate unless the user set
+    ``optim.learning_rate`` (``learning_rate_set``); the default 3e-3 is for training from scratch.
+
+    The kinds declare the rate and its source (``seqmodels.models.kinds``: continued pretraining of a decoder
+    at transformers' Trainer default 5e-5; AHN's compressors at 1e-3). ``note`` says which rate the run uses
+    and why (None without a base), for the run to log.
+    """
+    base = base_of(config.model)
+    if base is None:
+        return config, None
+    declared = model_kind(config.model).base
+    if learning_rate_set or not declared.learning_rate:
+        return config, (f"optim.learning_rate={config.optim.learning_rate:g} (as set) for a model that starts from "
+                        f"{base.where}")
+    config = dataclasses.replace(config, optim=dataclasses.replace(config.optim, learning_rate=declared.learning_rate))
+    return config, (f"optim.learning_rate={declared.learning_rate:g}: the default for a model that starts from "
+                    f"{base.where} ({declared.learning_rate_source}); set optim.learning_rate to choose another")
 
 
 def _raw_value(sections: list[dict], key: str, default):

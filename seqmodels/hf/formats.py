@@ -21,7 +21,7 @@ from flax import nnx
 from seqmodels.config import ModelConfig
 from seqmodels.hf import llama, remote_code
 from seqmodels.hf.directory import hf_directory, read_json
-from seqmodels.errors import HFFormatError
+from seqmodels.errors import HFFormatError, reading
 from seqmodels.models import abstract_model
 
 
@@ -75,19 +75,22 @@ def export_format(config: ModelConfig) -> str:
 def _read(path) -> tuple[Path, dict, CheckpointFormat]:
     directory = hf_directory(path)
     hf = read_json(directory / "config.json")
-    return directory, hf, format_of(hf, str(directory / "config.json"))
+    with reading(directory / "config.json", "config.json"):
+        return directory, hf, format_of(hf, str(directory / "config.json"))
 
 
 def load_model_config(path, base: ModelConfig | None = None) -> ModelConfig:
     """The ``ModelConfig`` of the directory's ``config.json`` (non-architecture settings from ``base``)."""
     directory, hf, checkpoint_format = _read(path)
-    return checkpoint_format.read_config(hf, str(directory / "config.json"), base)
+    with reading(directory / "config.json", "config.json"):  # a field of the wrong type or shape
+        return checkpoint_format.read_config(hf, str(directory / "config.json"), base)
 
 
 def load_pretrained_params(path, config: ModelConfig) -> dict:
     """The nested float32 parameter dict (``nnx.to_pure_dict`` layout) of the directory's checkpoint for ``config``."""
     directory, _, checkpoint_format = _read(path)
-    return checkpoint_format.read_params(directory, config)
+    with reading(directory, "model directory's safetensors checkpoint"):
+        return checkpoint_format.read_params(directory, config)
 
 
 def load_pretrained(path, *, base: ModelConfig | None = None):

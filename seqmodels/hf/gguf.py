@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from seqmodels.hf.directory import write_json
-from seqmodels.errors import HFFormatError
+from seqmodels.errors import MALFORMED, HFFormatError, reading
 from seqmodels.hf.llama import write_files
 from seqmodels.hf.output_dir import check_new_directory, write_new_directory
 from seqmodels.hf.safetensors_io import MAX_SHARD_BYTES
@@ -107,13 +107,11 @@ def read_gguf(path: Path):
     import gguf
     from gguf.quants import dequantize
 
-    try:
+    with reading(path, "GGUF file"):  # a truncated or damaged file fails anywhere in the parse
         reader = gguf.GGUFReader(str(path))
-    except (OSError, ValueError) as error:
-        raise HFFormatError(f"{path}: not a readable GGUF file ({error})") from None
-    metadata = {name: field.contents() for name, field in reader.fields.items() if not name.startswith("GGUF.")}
-    metadata["__tensor_names__"] = {tensor.name for tensor in reader.tensors}
-    config = hf_config_from_gguf(metadata, str(path))
+        metadata = {name: field.contents() for name, field in reader.fields.items() if not name.startswith("GGUF.")}
+        metadata["__tensor_names__"] = {tensor.name for tensor in reader.tensors}
+        config = hf_config_from_gguf(metadata, str(path))
     heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
     tensors = {}
     for tensor in reader.tensors:
@@ -123,11 +121,12 @@ def read_gguf(path: Path):
             raise HFFormatError(f"{path}: {error}") from None
         try:
             array = np.asarray(dequantize(tensor.data, tensor.tensor_type), np.float32)
-        except (NotImplementedError, ValueError) as error:
+        except (NotImplementedError, *MALFORMED) as error:
             raise HFFormatError(f"{path}: tensor {tensor.name!r} of type {tensor.tensor_type.name} cannot be "
                                 f"dequantised by the gguf package ({error})") from None
         kind = tensor.name.split(".")[2] if tensor.name.startswith("blk.") else ""
-        tensors[name] = unpermute_rope_rows(array, heads[kind]) if kind in heads else array
+        with reading(path, "GGUF file"):
+            tensors[name] = unpermute_rope_rows(array, heads[kind]) if kind in heads else array
     return metadata, config, tensors
 
 
@@ -163,7 +162,10 @@ def tokenizer_from_gguf(metadata: dict, source: str):
     vocab = {token: index for index, token in enumerate(tokens)}
     if len(vocab) != len(tokens):
         raise HFFormatError(f"{source}: tokenizer.ggml.tokens lists a token twice")
-    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
+    try:
+        tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
+    except Exception as error:  # the tokenizers library raises its own Exception type
+        raise HFFormatError(f"{source}: the tokenizer's tokens and merges do not make a BPE model ({error})") from None
     tokenizer.pre_tokenizer = PRE_TOKENIZERS[pre]()
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
@@ -205,14 +207,15 @@ def convert_gguf(gguf_path, out_dir) -> Path:
         raise HFFormatError(f"{gguf_path}: no such GGUF file")
     check_new_directory(out_dir)
     metadata, config, tensors = read_gguf(gguf_path)
-    tokenizer = tokenizer_from_gguf(metadata, str(gguf_path))
+    with reading(gguf_path, "GGUF file"):  # the tokenizer fields: of the wrong type, or ids out of range
+        tokenizer = tokenizer_from_gguf(metadata, str(gguf_path))
+        settings = tokenizer_config(metadata, config["max_position_embeddings"])
 
     def write(staging: Path) -> None:
         write_files(staging, config, tensors, max_shard_bytes=MAX_SHARD_BYTES)
         generation = {key: value for key, value in special_token_ids(metadata).items() if value is not None}
         write_json(staging / "generation_config.json", generation)
         tokenizer.save(str(staging / "tokenizer.json"))
-        settings = tokenizer_config(metadata, config["max_position_embeddings"])
         write_json(staging / "tokenizer_config.json", settings)
 
     return write_new_directory(out_dir, write)

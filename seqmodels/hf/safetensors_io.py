@@ -26,15 +26,57 @@ DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
 
 
 def read_header(path: Path) -> tuple[dict, int]:
-    """``(header, data_start)`` of the safetensors file ``path``; ``HFFormatError`` if it is not one."""
+    """``(header, data_start)`` of the safetensors file ``path``; ``HFFormatError`` if it is not one.
+
+    Every entry is checked: a known layout (``dtype`` a string, ``shape`` non-negative integers,
+    ``data_offsets`` ``[begin, end]`` within the file's data), so a damaged header is refused here.
+    """
     try:
+        size = Path(path).stat().st_size
         with open(path, "rb") as handle:
             (length,) = struct.unpack("<Q", handle.read(8))
+            if length > size - 8:
+                raise ValueError(f"its header claims {length} bytes but the file holds {size}: truncated?")
             header = json.loads(handle.read(length))
     except (OSError, struct.error, ValueError) as error:
         raise HFFormatError(f"{path}: not a readable safetensors file ({error})") from None
+    if not isinstance(header, dict):
+        raise HFFormatError(f"{path}: not a readable safetensors file (its header is not a JSON object)")
     header.pop("__metadata__", None)
+    for name, entry in header.items():
+        problem = _entry_problem(entry, size - 8 - length)
+        if problem:
+            raise HFFormatError(f"{path}: tensor {name!r}: {problem}; the file is damaged or not safetensors")
     return header, 8 + length
+
+
+def _is_count(value) -> bool:
+    return type(value) is int and value >= 0
+
+
+def _entry_problem(entry, data_bytes: int) -> str | None:
+    if not isinstance(entry, dict):
+        return f"its entry is {entry!r}, not an object"
+    shape, offsets = entry.get("shape"), entry.get("data_offsets")
+    if not isinstance(entry.get("dtype"), str):
+        return f"dtype {entry.get('dtype')!r} is not a name"
+    if not isinstance(shape, list) or not all(_is_count(n) for n in shape):
+        return f"shape {shape!r} is not a list of sizes"
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_count(n) for n in offsets):
+        return f"data_offsets {offsets!r} is not [begin, end]"
+    if not offsets[0] <= offsets[1] <= data_bytes:
+        return f"data_offsets {offsets} lie outside the file's {data_bytes} data bytes (truncated?)"
+    return None
+
+
+def shard_path(directory: Path, shard, index: Path) -> Path:
+    """The file of shard name ``shard`` listed in ``index``: a plain file name inside ``directory``, never a path
+    that leaves it (``../x``, ``/etc/x``, ``sub/x``)."""
+    if not isinstance(shard, str) or not shard or shard in (".", "..") or Path(shard).name != shard \
+            or "\\" in shard or "\0" in shard:
+        raise HFFormatError(f"{index}: shard {shard!r} is not a file name in {directory}; an index lists the "
+                            "shards beside it")
+    return directory / shard
 
 
 class SafetensorsCheckpoint:
@@ -53,9 +95,12 @@ class SafetensorsCheckpoint:
         if index.is_file():
             try:
                 weight_map = json.loads(index.read_text())["weight_map"]
-            except (ValueError, KeyError, TypeError) as error:
+            except (OSError, ValueError, KeyError, TypeError) as error:
                 raise HFFormatError(f"{index}: not a safetensors index (needs a 'weight_map'): {error}") from None
-            files = {name: self.directory / shard for name, shard in weight_map.items()}
+            if not isinstance(weight_map, dict) or not weight_map:
+                raise HFFormatError(f"{index}: 'weight_map' must map tensor names to shard files, got "
+                                    f"{str(weight_map)[:100]}")
+            files = {name: shard_path(self.directory, shard, index) for name, shard in weight_map.items()}
             for shard in sorted(set(files.values())):
                 if not shard.is_file():
                     raise HFFormatError(f"{index}: shard {shard.name} is missing from {self.directory}")

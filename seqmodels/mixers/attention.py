@@ -71,7 +71,12 @@ class AttentionConfig:
         _require(self.rope_theta > 0, "model.attention.rope_theta", "must be > 0")
 
     def check_model(self, model: ModelConfigBase) -> None:
-        """Key/value heads divide the query heads; only the looped model's blocks may be bidirectional."""
+        """Key/value heads divide the query heads; the head width is even (RoPE rotates pairs); only the looped
+        model's blocks may be bidirectional."""
+        _require(self.head_dim or model.head_dim % 2 == 0, "model.d_model",
+                 f"model.d_model / model.num_heads = {model.d_model} / {model.num_heads} = {model.head_dim} is the "
+                 "attention head width, which must be even (RoPE rotates pairs); change model.d_model or "
+                 "model.num_heads, or set an even model.attention.head_dim")
         kv_heads = self.num_kv_heads or model.num_heads
         _require(model.num_heads % kv_heads == 0, "model.attention.num_kv_heads",
                  f"{kv_heads} does not divide model.num_heads={model.num_heads}")

@@ -41,6 +41,17 @@ class BaseCheckpoint:
     directory: Callable[[str], str]  # the key's value -> the checkpoint's directory ("" = none: start afresh)
     adopt: Callable[[ModelConfig, ModelConfig], ModelConfig]  # (user's section, base's LM section) -> resolved
     merge: Callable[[dict, dict], dict]  # (fresh params, base's params) -> the params training starts from
+    # optim.learning_rate when the user sets none (the default 3e-3 is a from-scratch rate) and its source
+    learning_rate: float = 0.0
+    learning_rate_source: str = ""
+
+
+# Continued pretraining of every weight of a pretrained decoder: the default of transformers' Trainer
+# (TrainingArguments.learning_rate = 5e-5), the usual rate for updating a pretrained checkpoint; the
+# from-scratch default (3e-3) wrecks it within a few steps (SmolLM2-135M-Instruct stops answering).
+CONTINUED_PRETRAINING_LR = 5e-5
+# AHN trains only its fresh compressors over a frozen base: the rate every configs/ahn_*.yaml uses.
+AHN_COMPRESSOR_LR = 1e-3
 
 
 @dataclass(frozen=True)
@@ -92,13 +103,16 @@ def _ahn_merge(fresh: dict, base: dict) -> dict:
 CAUSAL_LM = ExportClass("SeqmodelsForCausalLM", "AutoModelForCausalLM")
 KINDS: dict[str, ModelKind] = {kind.name: kind for kind in (
     ModelKind("lm", "a language model", LM, lm_flops_per_token, None,
-              BaseCheckpoint("init_from", _init_from_directory, _lm_adopt, _lm_merge),
+              BaseCheckpoint("init_from", _init_from_directory, _lm_adopt, _lm_merge, CONTINUED_PRETRAINING_LR,
+                             "continued pretraining: the default of transformers' TrainingArguments"),
               ("perplexity", "recall", "cfl"), CAUSAL_LM),
     ModelKind("looped", "a looped model", LoopedModel, looped_flops_per_token, None, None, ("cfl",),
               ExportClass("SeqmodelsLoopedForSequenceClassification", "AutoModelForSequenceClassification",
                           labels=("reject", "accept"))),  # the head's <reject>, <accept> columns
     ModelKind("ahn", "an AHN run", AHNModel, ahn_flops_per_token, trainable_path,
-              BaseCheckpoint("ahn.base", str, _ahn_adopt, _ahn_merge), ("ahn",), CAUSAL_LM),
+              BaseCheckpoint("ahn.base", str, _ahn_adopt, _ahn_merge, AHN_COMPRESSOR_LR,
+                             "AHN's compressors over a frozen base: the rate of configs/ahn_*.yaml"),
+              ("ahn",), CAUSAL_LM),
 )}
 
 

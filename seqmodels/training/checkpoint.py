@@ -16,7 +16,7 @@ import orbax.checkpoint as ocp
 
 from seqmodels.config import CheckpointConfig
 from seqmodels.runs.checkpoints import CheckpointError, RunCheckpoints, read_only_options
-from seqmodels.training.checkpoint_check import set_aside
+from seqmodels.runs.checkpoint_check import set_aside
 
 
 class Checkpointer(RunCheckpoints):

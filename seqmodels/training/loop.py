@@ -30,6 +30,7 @@ from seqmodels.mixers import check_mixer_names
 from seqmodels.models import abstract_model, flops_per_token, trainable_filter
 from seqmodels.models.trainable import trainable_part
 from seqmodels.optim.build import build_optimizer
+from seqmodels.runs.checkpoint_check import describe_incomplete, restore_with_fallback
 from seqmodels.runs.checkpoints import CheckpointError
 from seqmodels.sharding import logical_spec, make_mesh, param_logical_axes
 from seqmodels.training.batches import data_shard, global_batch
@@ -87,36 +88,39 @@ def _resume_choice(checkpointer: Checkpointer, config: Config, incomplete: dict[
     choice = choose_step(checkpointer, config, incomplete, process_count=jax.process_count())
     if choice is None:
         raise CheckpointError(
-            f"no complete checkpoint in {checkpointer.directory}: "
-            + "; ".join(f"step {step}: {problems}" for step, problems in sorted(incomplete.items()))
-            + ". Nothing was changed; move the damaged steps away to train from scratch, or use another train.run_dir")
+            f"no complete checkpoint in {checkpointer.directory}: {describe_incomplete(incomplete)}"
+            ". Nothing was changed; move the damaged steps away to train from scratch, or use another train.run_dir")
     check_setting_changes(choice[1], config, choice[0], str(checkpointer.directory))
     return choice, incomplete
 
 
 def _restore_newest_complete(config: Config, checkpointer: Checkpointer, choice, incomplete: dict[int, str],
                              state: dict, iterator) -> tuple[dict, int, list[str]]:
-    """Restore the chosen step, falling back step by step past any whose arrays cannot be read.
+    """Restore the chosen step, falling back step by step past any whose arrays cannot be read
+    (``checkpoint_check.restore_with_fallback``, as evaluation and export restore).
 
     Returns ``(state, step, notes)``. Incomplete steps are renamed aside only after a restore
     succeeded; when none succeeds, nothing is renamed and ``CheckpointError`` lists every problem.
     """
-    while choice is not None:
-        step, saved = choice
-        try:
-            restored = checkpointer.restore(step, state, iterator)
-        except Exception as error:  # noqa: BLE001  (any failure to read a step makes it incomplete)
-            first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-            incomplete[step] = f"its arrays cannot be read: {first_line[:200]}"
-            choice = choose_step(checkpointer, config, incomplete, process_count=jax.process_count())
-            continue
-        notes = check_setting_changes(saved, config, step, str(checkpointer.directory))
-        checkpointer.set_aside(incomplete, print)
-        return restored, step, notes
-    raise CheckpointError(
-        f"no checkpoint in {checkpointer.directory} could be restored: "
-        + "; ".join(f"step {step}: {problems}" for step, problems in sorted(incomplete.items()))
-        + ". Nothing was changed; move the damaged steps away to train from scratch, or use another train.run_dir")
+    pending, saved_configs = [choice], {}
+
+    def choose() -> int | None:
+        chosen = pending.pop() if pending else choose_step(checkpointer, config, incomplete,
+                                                           process_count=jax.process_count())
+        if chosen is None:
+            return None
+        saved_configs[chosen[0]] = chosen[1]
+        return chosen[0]
+
+    restored = restore_with_fallback(choose, lambda step: checkpointer.restore(step, state, iterator), incomplete)
+    if restored is None:
+        raise CheckpointError(
+            f"no checkpoint in {checkpointer.directory} could be restored: {describe_incomplete(incomplete)}. "
+            "Nothing was changed; move the damaged steps away to train from scratch, or use another train.run_dir")
+    step, restored_state = restored
+    notes = check_setting_changes(saved_configs[step], config, step, str(checkpointer.directory))
+    checkpointer.set_aside(incomplete, print)
+    return restored_state, step, notes
 
 
 def _make_mesh(config: Config):
@@ -134,7 +138,7 @@ def train(config: Config, stop: StopFlag | None = None) -> dict:
     the run directory is written before the checkpoint to resume from (if any) has been restored.
     ``summary["interrupted_by"]`` names the signal that stopped the run early, else None.
     """
-    stop = stop or StopFlag()
+    own_stop, stop = stop is None, stop or StopFlag()  # a caller's flag stays the caller's to restore
     try:
         mesh = _make_mesh(config)
         validate(config, mesh)
@@ -154,7 +158,8 @@ def train(config: Config, stop: StopFlag | None = None) -> dict:
             finally:
                 checkpointer.close()
     finally:
-        stop.restore()
+        if own_stop:
+            stop.restore()
 
 
 class _StepRecorder:
@@ -239,26 +244,30 @@ def _run(config: Config, mesh, iterator, checkpointer: Checkpointer, choice, inc
     recorder = _StepRecorder(config, logger, start=start, last_step=last_step, num_devices=mesh.size,
                              checkpoint_dir=checkpointer.directory)
     try:
-        _steps(config, state, step_fn, iterator, batch_sharding, checkpointer, recorder, stop,
-               range(start + 1, last_step + 1))
+        interrupted_by = _steps(config, state, step_fn, iterator, batch_sharding, checkpointer, recorder, stop,
+                                range(start + 1, last_step + 1))
     finally:
         logger.close()
     losses = recorder.losses
     steps = sorted(losses)
     return {"start_step": start, "end_step": steps[-1] if steps else start, "losses": losses,
             "first_loss": losses[steps[0]] if steps else None, "last_loss": losses[steps[-1]] if steps else None,
-            "interrupted_by": stop.signal_name, "last_saved": recorder.last_saved}
+            "interrupted_by": interrupted_by, "last_saved": recorder.last_saved}
 
 
 def _steps(config: Config, state, step_fn, iterator, batch_sharding, checkpointer: Checkpointer,
-           recorder: _StepRecorder, stop: StopFlag, steps: range) -> None:
+           recorder: _StepRecorder, stop: StopFlag, steps: range) -> str | None:
     """The steps; a checkpoint every ``checkpoint.every_steps``, at the end and on a signal, deferred while
-    the collapse guard finds the latest step anomalous (so a suspect state never rotates good ones out)."""
+    the collapse guard finds the latest step anomalous (so a suspect state never rotates good ones out).
+
+    Returns the name of the signal that stopped the run before its last step, else None: a signal that
+    arrives once the last step has run (while its checkpoint is written) changes nothing."""
     logger, config_dict, pending, owed = recorder.logger, to_dict(config), None, False
     if stop.signal_name:
         logger.message(f"{stop.signal_name} received before the first step: nothing was saved; run the same "
                        "command again to start.")
-        return
+        return stop.signal_name
+    interrupted_by = None
     for step in steps:
         state, metrics = step_fn(state, global_batch(next(iterator), batch_sharding, config.train.batch_size))
         if pending is not None:
@@ -276,7 +285,9 @@ def _steps(config: Config, state, step_fn, iterator, batch_sharding, checkpointe
         if stop.signal_name:
             saved = (f"checkpoint saved at step {step}" if recorder.last_saved == step else
                      f"step {step} is anomalous and was not saved; the last checkpoint is step {recorder.last_saved}")
-            logger.message(f"{stop.signal_name} received: {saved}; run the same command again to resume.")
+            if step != steps[-1]:
+                interrupted_by = stop.signal_name
+                logger.message(f"{stop.signal_name} received: {saved}; run the same command again to resume.")
             break
     if pending is not None:
         recorder.record(*pending)
@@ -284,3 +295,4 @@ def _steps(config: Config, state, step_fn, iterator, batch_sharding, checkpointe
         logger.message(f"the last step is anomalous and was not saved; the last checkpoint is step "
                        f"{recorder.last_saved}")
     checkpointer.wait()
+    return interrupted_by

@@ -6,7 +6,7 @@ schedule length, batch, seeds, mesh) must equal the checkpoint's unless the user
 ``checkpoint.allow_changes``. Settings that only say where and how a run is stored or reported
 (``RESUMABLE_KEYS``) may change freely.
 
-The checkpoint restored is the newest *complete* one (``seqmodels.training.checkpoint_check``): an
+The checkpoint restored is the newest *complete* one (``seqmodels.runs.checkpoint_check``): an
 incomplete newer step is reported, and renamed aside only once an older one has been restored, so a
 failed resume leaves the directory as it was.
 """
@@ -16,6 +16,7 @@ from __future__ import annotations
 from seqmodels.config import Config, ConfigError
 from seqmodels.config_io import all_keys, config_from_dict, to_dict
 from seqmodels.optim.schedules import learning_rate_schedule
+from seqmodels.runs.checkpoint_check import newest_complete
 from seqmodels.runs.checkpoints import CheckpointError
 
 # Keys (or sections, ending in '.') a resume may change without being asked: where the run lives, when
@@ -92,18 +93,13 @@ def check_setting_changes(saved: Config, current: Config, step: int, where: str)
 def choose_step(checkpointer, config: Config, incomplete: dict[int, str], *, process_count: int):
     """``(step, saved_config)`` of the newest step not in ``incomplete`` that looks complete, or None.
 
-    Steps found incomplete are added to ``incomplete`` with the reason. The chosen step's config must
-    describe the same architecture and settings as ``config`` (else ``CheckpointError``).
+    Steps found incomplete are added to ``incomplete`` with the reason (``checkpoint_check.newest_complete``,
+    the choice every tool makes). The chosen step's config must describe the same architecture and
+    settings as ``config`` (else ``CheckpointError``).
     """
-    from seqmodels.training.checkpoint_check import step_problems
-    for step in sorted(checkpointer.manager.all_steps(), reverse=True):
-        if step in incomplete:
-            continue
-        checkpointer.check_process_count(step)  # another process count is refused, not taken for damage
-        problems = step_problems(checkpointer.directory / str(step), process_count=process_count)
-        if problems:
-            incomplete[step] = "; ".join(problems)
-            continue
-        checkpointer.check_architecture(step, to_dict(config)["model"])
-        return step, config_from_dict(checkpointer.read_config(step))
-    return None
+    step = newest_complete(checkpointer.directory, checkpointer.manager.all_steps(), incomplete,
+                           check=checkpointer.check_process_count, process_count=process_count)
+    if step is None:
+        return None
+    checkpointer.check_architecture(step, to_dict(config)["model"])
+    return step, config_from_dict(checkpointer.read_config(step))

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import os
 import signal
+
+from seqmodels.training.streams import write_fd
 
 
 class StopFlag:
@@ -25,8 +26,14 @@ class StopFlag:
             return
         self.signal_name = signal.Signals(signum).name
         # os.write, not print: a handler may run while the main thread is inside a print of its own.
-        os.write(2, f"{self.signal_name} received: stopping after this step with a checkpoint; send it again "
-                    "to stop at once without saving\n".encode())
+        write_fd(2, f"{self.signal_name} received: stopping after this step with a checkpoint; send it again "
+                    "to stop at once without saving\n")  # a closed stderr drops the message, never the run
+
+    def settle(self):
+        """The run is over (its files written, its status decided): a signal from now until the process
+        exits changes neither, so the handled signals are ignored instead of restored."""
+        for s in self._previous:
+            signal.signal(s, signal.SIG_IGN)
 
     def restore(self):
         for s, handler in self._previous.items():

@@ -73,6 +73,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape,vector_decay,with_initial,dtype", CASES)
 def test_xla_and_pallas_outputs_final_state_and_all_gradients_match_the_token_oracle(
     shape, vector_decay, with_initial, dtype
@@ -87,6 +88,7 @@ def test_xla_and_pallas_outputs_final_state_and_all_gradients_match_the_token_or
         _assert_all_close(actual, expected, TOLERANCE[dtype], impl)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("vector_decay", [False, True])
 def test_decays_near_zero_and_one_over_4096_tokens_stay_finite_and_exact(vector_decay):
     args, cotangents = _inputs(1, 4096, 2, 16, 16, vector_decay, seed=1)
@@ -140,6 +142,7 @@ def test_integer_inputs_are_rejected():
         chunk_gla(**kwargs)
 
 
+@pytest.mark.slow
 def test_sharded_batch_and_heads_match_unsharded_without_all_gather():
     # The pallas impl is the one XLA cannot partition; every impl shares the shard_map wrapper.
     impl = "pallas"

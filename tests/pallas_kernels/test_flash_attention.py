@@ -28,6 +28,7 @@ def _value_and_grads(impl, qkv, segments, weights, **rule):
     return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))(*qkv)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rule", [dict(causal=True), dict(causal=True, window=20), dict(causal=False)],
                          ids=["causal", "window", "bidirectional"])
 @pytest.mark.parametrize("shape, dtype", [((2, 100, 2, 24), jnp.float32), ((1, 64, 1, 32), jnp.bfloat16)])

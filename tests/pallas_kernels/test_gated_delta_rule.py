@@ -111,6 +111,7 @@ CHUNK_64 = ((1, 130, 1, 16, 32), 64)
 MANY_CHUNKS = ((1, 300, 2, 16, 16), 16)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "shape, chunk_size, decay, initial",
     [
@@ -140,12 +141,14 @@ KERNEL_CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape, chunk_size, dtype, decay, initial",
                          KERNEL_CASES + [(*RAGGED, jnp.bfloat16, False, True)])
 def test_pallas_matches_reference(shape, chunk_size, dtype, decay, initial):
     assert_matches_reference("pallas", shape, dtype, chunk_size, decay=decay, initial=initial)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape, chunk_size, dtype, decay, initial",
                          KERNEL_CASES + [(*MANY_CHUNKS, jnp.float32, True, True)])
 def test_tpu_kernel_matches_reference_in_interpret_mode(shape, chunk_size, dtype, decay, initial):
@@ -169,6 +172,7 @@ def test_tpu_sweep_lowers_to_mosaic_without_a_tpu():
     assert text.count("tpu_custom_call") == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", ["xla", "pallas"])
 def test_extreme_decays_over_4096_tokens_stay_finite_and_match(impl):
     """Head 0 decays to ~0 every token (log decay in [-40, -20]: exp(-40 * 64) underflows to 0),
@@ -202,6 +206,7 @@ def test_final_state_is_none_unless_requested_and_scale_defaults_to_inverse_sqrt
     np.testing.assert_allclose(np.asarray(o) * 4.0, np.asarray(o_scaled), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", ["xla", "pallas"])
 def test_sharded_over_batch_and_heads_matches_unsharded_without_all_gather(impl):
     """8 simulated devices: batch over (data, fsdp), heads over tensor; each device runs its block."""

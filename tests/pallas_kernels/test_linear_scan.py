@@ -53,6 +53,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape,reverse,with_initial,dtype", CASES)
 def test_xla_and_pallas_forward_and_all_gradients_match_the_sequential_oracle(shape, reverse, with_initial, dtype):
     a, b, initial, cotangent = _inputs(shape, dtype, with_initial=with_initial)
@@ -111,6 +112,7 @@ def test_bad_arguments_raise_value_errors_naming_them(kwargs, message):
         linear_scan(**kwargs, impl="pallas")
 
 
+@pytest.mark.slow
 def test_sharded_batch_and_heads_match_unsharded_without_all_gather():
     # The pallas impl is the one XLA cannot partition; every impl shares the shard_map wrapper.
     impl = "pallas"

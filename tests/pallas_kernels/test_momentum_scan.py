@@ -55,6 +55,7 @@ def test_scalar_decay_chunked_form_matches_the_token_recurrence_with_carried_sta
     assert_close(chunked, momentum_scalar_decay_reference(q, k, v, log_decay, log_momentum, **common))
 
 
+@pytest.mark.slow
 def test_delta_rule_chunked_form_matches_the_token_recurrence_with_carried_states():
     q, k, v, log_decay, log_momentum, beta, state, momentum = inputs(1)
     common = dict(scale=0.3, initial_state=state, initial_momentum=momentum)

@@ -60,6 +60,7 @@ def test_help_config_into_a_closed_pipe_exits_quietly():
     assert process.wait(timeout=60) == 0 and err == ""
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, message", [
     (["--batch-size", "0"], "--batch-size must be >= 1"),
     (["--lengths", "8,abc", "--suites", "cfl"], "--lengths '8,abc': expected comma-separated integers"),
@@ -119,6 +120,7 @@ def test_read_only_run_directory_is_refused_for_training_and_evaluates_elsewhere
     assert (out.parent / "results_loss_by_position.png").stat().st_size > 1000
 
 
+@pytest.mark.slow
 def test_full_disk_during_a_save_keeps_the_previous_checkpoint(trained, tmpfs, capsys):
     run_dir, corpus = trained
     copy = tmpfs / "run"

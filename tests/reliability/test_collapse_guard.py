@@ -55,6 +55,7 @@ def test_collapsed_run_stops_with_status_1_and_keeps_healthy_checkpoints(tmp_pat
     assert kept and max(kept) < collapsed  # no checkpoint holds a state of the anomalous steps
 
 
+@pytest.mark.slow
 def test_keep_period_steps_are_never_rotated_out(tmp_path, tiny_corpus):
     run_dir = tmp_path / "run"
     overrides = tiny_overrides(run_dir, tiny_corpus, train__steps=20, checkpoint__every_steps=2,

@@ -65,6 +65,7 @@ def test_damaged_newest_checkpoint_falls_back_to_the_previous_one_bitwise(runs, 
     assert logged_losses(run_dir) == logged_losses(straight)
 
 
+@pytest.mark.slow
 def test_no_complete_checkpoint_is_refused_and_nothing_is_written(runs, tmp_path, capsys):
     _, corpus, stopped, _ = runs
     run_dir = tmp_path / "run"

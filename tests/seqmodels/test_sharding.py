@@ -47,6 +47,7 @@ def single_device():
     return loss_and_grads(mesh)[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sizes", [(8, 1, 1), (2, 4, 1), (2, 2, 2)])
 def test_sharded_loss_and_gradients_equal_one_device(single_device, sizes):
     assert len(jax.devices()) == 8

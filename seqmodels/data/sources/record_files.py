@@ -154,7 +154,11 @@ class ParquetReader(_RowFiles):
         parquet, starts = self._files[file_index]
         group = bisect.bisect_right(starts.tolist(), local) - 1
         if self._cache is None or self._cache[:2] != (file_index, group):
-            column = parquet.read_row_group(group, columns=[self.field]).column(0).to_pylist()
+            try:
+                column = parquet.read_row_group(group, columns=[self.field]).column(0).to_pylist()
+            except Exception as error:  # pyarrow: OSError / ArrowInvalid for damaged pages, UnicodeDecodeError
+                raise DataError(f"{self.origin}: {self.files[file_index]} row group {group} cannot be read "
+                                f"({type(error).__name__}: {str(error)[:200]}); the file is damaged") from None
             self._cache = (file_index, group, column)
         found = self._cache[2][local - int(starts[group])]
         if not isinstance(found, str):

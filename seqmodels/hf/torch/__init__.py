@@ -24,6 +24,7 @@ _ROOT = PACKAGE_DIR.parents[2]
 EXPORTED_FILES = tuple(sorted(path.name for path in PACKAGE_DIR.glob("*.py") if path.name != "__init__.py"))
 # name in the export -> the plain-Python module (no imports beyond the standard library) it is a copy of
 SHARED_FILES = {"newton_schulz_coefficients.py": _ROOT / "pallas_kernels" / "newton_schulz" / "coefficients.py",
+                "atlas_memory_constants.py": _ROOT / "pallas_kernels" / "atlas_memory" / "constants.py",
                 "special_tokens.py": _ROOT / "seqmodels" / "special_tokens.py"}
 
 

@@ -21,11 +21,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .atlas_memory_constants import NORM_EPS
 from .layers import RMSNorm, ShortConv, l2_normalize
 from .newton_schulz import newton_schulz
 
 GATES = ("alpha", "theta", "eta", "gamma")
-NORM_EPS = 1e-5  # the memory LayerNorm's epsilon (model.atlas.memory_norm), as the JAX memory
 
 
 def memory_shapes(model: dict) -> tuple[int, int, int]:

@@ -23,6 +23,7 @@ def single_device_env():
     return dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu")
 
 
+@pytest.mark.slow
 def test_train_py_trains_the_looped_model_on_the_cfl_config_and_eval_py_scores_it(tmp_path):
     run_dir = tmp_path / "run"
     overrides = [*TINY, "train.steps=30", "optim.learning_rate=1e-2", "log.every_steps=1", f"train.run_dir={run_dir}"]

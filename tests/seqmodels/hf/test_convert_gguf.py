@@ -100,6 +100,7 @@ def test_tiny_gguf_round_trips_to_the_original_tensors(tmp_path, hf_model_factor
     assert config["tie_word_embeddings"] == tied and config["num_key_value_heads"] == 2
 
 
+@pytest.mark.slow
 def test_converted_directory_loads_in_transformers_and_here_with_equal_logits(tmp_path, hf_model_factory):
     import gguf
     import torch

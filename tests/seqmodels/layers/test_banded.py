@@ -47,6 +47,7 @@ def _value_and_grads(attention, q, k, v, segments):
     return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))(q, k, v)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("window", "num_sinks", "block_size", "kv_heads"), [
     (5, 4, 32, 2),     # window well inside a block; many blocks; rows end mid-block (300 = 9 * 32 + 12)
     (40, 4, 32, 2),    # window larger than a block: the slice spans two blocks before the queries
@@ -68,6 +69,7 @@ def test_banded_matches_the_masked_path_forward_and_backward(window, num_sinks, 
         np.testing.assert_allclose(grad, expected, atol=2e-5, rtol=2e-6, err_msg=f"d{name}")
 
 
+@pytest.mark.slow
 def test_the_sinks_change_the_output_so_the_comparison_sees_them():
     """With a 5-token window the sinks are most of what a late query of a long document sees: the
     masked path with and without them differs, and banded follows the one with them."""
@@ -81,6 +83,7 @@ def test_the_sinks_change_the_output_so_the_comparison_sees_them():
     np.testing.assert_allclose(jnp.where(real, banded, 0.0), jnp.where(real, masked[4], 0.0), atol=2e-5, rtol=0)
 
 
+@pytest.mark.slow
 def test_rows_without_segment_ids_are_one_document_each():
     q, k, v = _inputs(2)
     out = attend_rows(q, k, v, None, None, window=7, num_sinks=2, causal=True, implementation="banded")

@@ -23,6 +23,7 @@ def _packed_rows():
     return jnp.asarray(segments), jnp.asarray(positions)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("implementation", ["splash", "flash"])
 @pytest.mark.parametrize(("window", "causal"), [(None, True), (40, True), (None, False)])
 def test_kernels_match_the_masked_path_on_packed_rows_forward_and_backward(implementation, window, causal):

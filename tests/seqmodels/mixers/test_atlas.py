@@ -140,6 +140,7 @@ def _atlas_output(eta_high, **atlas):
     return np.asarray(build_mixer("atlas", config, nnx.Rngs(3))(x)[0])
 
 
+@pytest.mark.slow
 def test_with_newton_schulz_only_the_update_rule_gives_the_memory_a_step_size():
     # theta = 0: S_t is the (scaled) window gradient. NS_k is scale-invariant, so eta on the gradient
     # (eta_t proportional to eta_high) cancels, while eta on NS_k(S_t) scales every memory increment.

@@ -27,6 +27,7 @@ def mixer_and_inputs(name):
     return build_mixer(name, config, nnx.Rngs(params=0)), jax.random.normal(jax.random.key(1), (2, 11, 32)), config
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["attention", "swa"])
 def test_prefill_then_one_token_steps_equal_the_training_form(name):
     mixer, x, _ = mixer_and_inputs(name)

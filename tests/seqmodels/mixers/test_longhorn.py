@@ -64,6 +64,7 @@ def reference(mixer, x, *, gamma=0.0, tau=1.0, ns_steps=0, groups=1):
     return y @ get("out")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, muon", [
     ("longhorn", {}),
     ("muonssm_longhorn", dict(gamma=0.8, tau=0.7, ns_steps=1, ns_scope="all")),
@@ -81,6 +82,7 @@ def test_mixer_matches_the_token_by_token_reference_of_its_equations(name, muon)
     np.testing.assert_allclose(y, expected, atol=FP32_TOL, rtol=FP32_TOL)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_training_form_matches_prefill_then_step_by_step_decoding(name):
     mixer = build_mixer(name, config(), nnx.Rngs(2))
@@ -95,6 +97,7 @@ def test_training_form_matches_prefill_then_step_by_step_decoding(name):
     np.testing.assert_allclose(jnp.concatenate(steps, 1), full, atol=FP32_TOL, rtol=FP32_TOL)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_packed_documents_are_isolated_and_gradients_reach_every_parameter(name):
     mixer = build_mixer(name, config(), nnx.Rngs(3))

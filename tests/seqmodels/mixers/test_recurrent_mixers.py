@@ -46,6 +46,7 @@ def decode(mixer, x, cache):
     return mixer(x, cache=cache)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", MIXERS)
 def test_chunked_training_form_matches_prefill_then_step_by_step_decoding(name):
     mixer = build_mixer(name, config(), nnx.Rngs(0))
@@ -61,6 +62,7 @@ def test_chunked_training_form_matches_prefill_then_step_by_step_decoding(name):
     np.testing.assert_allclose(jnp.concatenate(steps, axis=1), full, atol=FP32_TOL, rtol=FP32_TOL)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", MIXERS)
 def test_packed_documents_are_isolated_and_gradients_reach_every_parameter(name):
     mixer = build_mixer(name, config(), nnx.Rngs(1))
@@ -139,6 +141,7 @@ def _reference_gated_rms_norm(y, z, weight, eps, group_size):
     return normed.reshape(gated.shape) * weight
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["mamba2", "muonssm_mamba2"])
 def test_mamba2_output_norm_is_the_reference_gate_then_one_group_rms_norm(name):
     mixer = build_mixer(name, config(), nnx.Rngs(7))

@@ -9,6 +9,7 @@ from seqmodels.config import ConfigError, ModelConfig
 from seqmodels.mixers import MIXERS, Mixer, build_mixer, check_mixer_names, mixer_flops_per_token
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(MIXERS))
 def test_every_registered_mixer_offers_the_mixer_interface(name):
     config = ModelConfig(d_model=32, num_heads=2, max_seq_len=32, kernel_impl="xla")

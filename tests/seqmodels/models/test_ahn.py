@@ -47,6 +47,7 @@ def oracle_memory(compressor, h, q, k, v, *, ring: int, sinks: int) -> np.ndarra
     return np.asarray(compressor.read_out(jnp.asarray(reads, jnp.float32), h))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", COMPRESSOR_NAMES)
 @pytest.mark.parametrize("window,sinks", [(12, 3), (9, 0)])
 def test_chunked_compressor_reads_exactly_the_evicted_tokens_of_a_token_by_token_oracle(tiny_base, name, window,
@@ -65,6 +66,7 @@ def test_chunked_compressor_reads_exactly_the_evicted_tokens_of_a_token_by_token
     np.testing.assert_allclose(np.asarray(chunked), expected, rtol=2e-4, atol=2e-5)  # float32 chunked vs float64
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", COMPRESSOR_NAMES)
 def test_zero_initialised_student_equals_sliding_window_with_sinks(tiny_base, name):
     directory, base_config, base_params = tiny_base
@@ -81,6 +83,7 @@ def test_zero_initialised_student_equals_sliding_window_with_sinks(tiny_base, na
     assert np.abs(np.asarray(teacher - student))[:, window:].max() > 1e-3  # the window does cut something
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", COMPRESSOR_NAMES)
 def test_streaming_decode_equals_the_full_student_forward_at_four_windows(tiny_base, name):
     directory, base_config, _ = tiny_base
@@ -103,6 +106,7 @@ def cache_bytes(cache) -> int:
     return sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(cache))
 
 
+@pytest.mark.slow
 def test_cache_bytes_do_not_grow_with_the_decoded_length(tiny_base):
     directory, base_config, _ = tiny_base
     window = 8

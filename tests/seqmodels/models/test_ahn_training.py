@@ -57,6 +57,7 @@ def test_random_window_draws_vary_with_the_step_and_stay_in_the_table(tiny_base)
     assert all(window in (64, 128) and sinks <= window // 2 for window, sinks in draws)
 
 
+@pytest.mark.slow
 def test_train_steps_update_only_compressors_and_leave_every_base_parameter_bitwise_unchanged(tiny_base):
     directory, base_config, _ = tiny_base
     model, params = ahn_model(directory, base_config, window=16, sinks=4)

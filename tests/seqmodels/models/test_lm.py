@@ -23,6 +23,7 @@ def small_config(**kwargs):
     return ModelConfig(**defaults)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mixers, kv_heads", [
     (("attention", "attention"), 0),
     (("swa", "attention"), 2),
@@ -39,6 +40,7 @@ def test_generate_with_kv_cache_matches_full_forward_logits(mixers, kv_heads):
     assert np.array_equal(np.asarray(tokens[:, 9:]), np.asarray(jnp.argmax(full[:, 8:], -1)))
 
 
+@pytest.mark.slow
 def test_packed_documents_do_not_see_each_other():
     config = small_config(mixers=("attention", "swa"))
     model = build_model(config, seed=2)
@@ -80,6 +82,7 @@ def test_sliding_window_output_ignores_tokens_outside_window_and_sinks():
     assert differs.tolist() == [False] * 5 + [True] * 3 + [False] * 4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["full", "dots", "names"])
 def test_remat_policies_give_the_same_gradients(policy):
     batch = {"inputs": jax.random.randint(jax.random.key(5), (2, 16), 0, 256),

@@ -71,6 +71,7 @@ def test_batch_layout_places_padding_and_cls_by_the_rule():
     assert hidden.shape == (3, 12 + num_padding(config.looped, 10), 32)
 
 
+@pytest.mark.slow
 def test_looped_model_runs_exactly_loops_n_iterations():
     """The log-schedule model equals the same weights run a fixed loops(N) times, and differs at loops(N) +- 1."""
     config = looped_config(padding_scale=1.0)
@@ -105,6 +106,7 @@ def test_shared_weights_are_one_set_whatever_the_loop_count():
     assert distinct[1] == counts[1] and distinct[4] == counts[1] + 3 * block
 
 
+@pytest.mark.slow
 def test_gradient_of_the_shared_block_sums_the_gradients_of_every_loop():
     """Unrolled into 4 distinct copies of the shared block: each copy gets a gradient; they sum to the shared one."""
     loops = 4
@@ -131,6 +133,7 @@ def test_gradient_of_the_shared_block_sums_the_gradients_of_every_loop():
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7), shared_grad, summed)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attention, padding_scale, positions", [
     ("causal", 1.5, "rope"), ("bidirectional", 0.0, "rope"), ("causal", 1.0, "rope+sinusoidal")])
 def test_read_out_of_a_mixed_length_batch_equals_each_example_alone(attention, padding_scale, positions):
@@ -259,6 +262,7 @@ def test_memory_stays_flat_in_the_loop_count_with_remat_per_iteration():
     assert plain_32 > 10 * remat_32  # measured: 227 MB against 13 MB
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mixer", ["gated_deltanet", "mamba2"])
 def test_the_looped_block_takes_any_registered_mixer(mixer):
     """A looped Gated DeltaNet (or Mamba2) is configuration: its block is the mixer, its rows stay separate."""

@@ -37,6 +37,7 @@ def test_the_repeat_period_is_the_shortest_repeated_group():
     assert repeat_period(["a", "b", "c"]) == 3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mixers, remat", [(("gated_deltanet", "attention") * 2, "none"),
                                            (("attention",) * 3, "full")])
 def test_scanned_layers_hold_the_unrolled_parameters_and_give_the_same_loss_and_gradients(mixers, remat):
@@ -62,6 +63,7 @@ def test_scanned_layers_hold_the_unrolled_parameters_and_give_the_same_loss_and_
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6 * scale), grads_s, grads_u)
 
 
+@pytest.mark.slow
 def test_scanned_layers_decode_the_same_tokens():
     unrolled_config, scanned_config = configs(("gated_deltanet", "attention") * 2)
     prompt = jax.random.randint(jax.random.key(1), (2, 5), 0, 40)

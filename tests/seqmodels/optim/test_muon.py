@@ -148,6 +148,7 @@ def test_muon_mask_overrides_and_rejects_vectors():
         _first_update(muon(LR, per_head=five_heads), grads, params)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("ns_impl", "axis_type"), [("pallas", AxisType.Explicit), ("xla", AxisType.Auto)])
 def test_sharded_update_under_jit_equals_the_unsharded_update(ns_impl, axis_type):
     params = _params()

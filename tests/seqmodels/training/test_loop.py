@@ -67,6 +67,7 @@ np.savez(sys.argv[2], step=step, devices=jax.device_count(), *[np.asarray(leaf) 
 """
 
 
+@pytest.mark.slow
 def test_a_run_trained_on_two_devices_loads_for_evaluation_on_one(tmp_path, tiny_corpus):
     run_dir = tmp_path / "two_devices"
     run = run_train_process(tiny_overrides(run_dir, tiny_corpus, train__steps=5), devices=2)
@@ -97,6 +98,7 @@ def test_loss_falls_and_metrics_are_written(tmp_path, tiny_corpus):
         None, tiny_overrides(tmp_path / "run", tiny_corpus, train__steps=15))
 
 
+@pytest.mark.slow
 def test_gradient_accumulation_gives_the_same_update(tmp_path, tiny_corpus):
     params = {}
     for accum in (1, 4):
@@ -125,6 +127,7 @@ def test_nonfinite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_pat
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
 
 
+@pytest.mark.slow
 def test_a_tiny_lm_trains_with_muon_and_muon_moves_only_projections(tmp_path, tiny_corpus):
     from flax import nnx
 
@@ -165,6 +168,7 @@ def test_a_tiny_lm_trains_with_muon_and_muon_moves_only_projections(tmp_path, ti
     np.testing.assert_allclose(np.abs(np.asarray(updates["embed"])), lr, rtol=2e-2)
 
 
+@pytest.mark.slow
 def test_sigterm_checkpoints_the_current_step_and_exits_with_the_preempted_status(tmp_path, tiny_corpus):
     import signal
     import time

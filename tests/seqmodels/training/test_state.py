@@ -26,6 +26,7 @@ def _by_path(tree):
     return {jax.tree_util.keystr(path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("optimizer_name", ["adamw", "muon"])
 def test_every_optimizer_leaf_is_sharded_like_its_parameter_or_is_a_replicated_scalar(optimizer_name):
     _, state, shardings = _state_on_mesh(optimizer_name)

@@ -134,6 +134,7 @@ def test_load_documents_of_a_generated_source_names_the_corpora():
         load_documents(DataConfig(source="mqar"))
 
 
+@pytest.mark.slow
 def test_every_config_file_names_a_registered_source():
     # configs/sweeps/ holds sweep files of ablate.py, not run configs (tests/test_ablate.py checks them)
     files = sorted(p for p in Path("configs").glob("**/*.yaml") if p.parts[1] != "sweeps")

@@ -25,6 +25,7 @@ def shards(tmp_path):
     return str(tmp_path / "ids" / "*.array_record")
 
 
+@pytest.mark.slow
 def test_shards_hold_each_document_s_ids_in_order(shards, tmp_path):
     metadata = json.loads((tmp_path / "ids" / "tokens.json").read_text())
     assert metadata["documents"] == 40 and metadata["dtype"] == "<u2"
@@ -34,6 +35,7 @@ def test_shards_hold_each_document_s_ids_in_order(shards, tmp_path):
     assert [ByteTokenizer().decode(mine[i]) for i in range(len(mine))] == TEXTS
 
 
+@pytest.mark.slow
 def test_processes_read_disjoint_shards_and_the_split_holds_out_by_hash(shards):
     cfg = DataConfig(source="token_ids", path=shards, heldout_fraction=0.25)
     parts = [token_documents(cfg, process_index=p, process_count=2) for p in range(2)]
@@ -56,6 +58,7 @@ def test_training_and_eval_batches_frame_documents(shards):
     assert np.all(evaluation[0]["loss_mask"] >= 0)
 
 
+@pytest.mark.slow
 def test_a_different_tokenizer_is_refused(shards, tmp_path):
     (tmp_path / "tok").mkdir()
     from tokenizers import Tokenizer, models, pre_tokenizers

@@ -57,6 +57,7 @@ def test_exported_modules_import_only_torch_transformers_and_each_other():
             assert roots <= {"torch", "transformers", "math", "collections", "__future__"}, (name, roots)
 
 
+@pytest.mark.slow
 def test_transformers_loads_the_export_offline_with_every_tensor_used(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     out = export_model(HYBRID, random_params(HYBRID), tmp_path / "hf")
@@ -95,6 +96,7 @@ def _tensor_bytes(tree) -> int:
     return sum(_tensor_bytes(value) for value in tree.values()) if isinstance(tree, dict) else 0
 
 
+@pytest.mark.slow
 def test_the_ahn_cache_keeps_sinks_ring_and_state_and_does_not_grow(tmp_path):
     """Decoding an AHN export token by token: the attention keeps the sinks and the last ``window - sinks``
     positions, the compressor the non-sink tokens among them (those still to leave), and the cache's bytes
@@ -118,6 +120,7 @@ def test_the_ahn_cache_keeps_sinks_ring_and_state_and_does_not_grow(tmp_path):
     assert len({sizes[t] for t in range(window, 40)}) == 1, sizes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", [
     pytest.param(dataclasses.replace(_config_of("atlas_mag"), tie_embeddings=False), id="atlas_mag_untied"),
     pytest.param(dataclasses.replace(_config_of("muonssm_longhorn"), mixers=("muonssm_longhorn", "mamba2", "atlas")),
@@ -153,6 +156,7 @@ def test_an_export_missing_a_tensor_or_with_a_wrong_shape_is_refused_naming_it(t
         load_pretrained(out)
 
 
+@pytest.mark.slow
 def test_a_scanned_model_exports_per_layer_and_loads_back_unscanned(tmp_path):
     from seqmodels.models.stack import unstack_blocks
     scanned = dataclasses.replace(HYBRID, mixers=("swa", "gated_deltanet") * 2, scan_layers=True)
@@ -177,6 +181,7 @@ def test_bfloat16_export_loads_with_logits_within_kl_1e3_of_float32(tmp_path):
     assert float(kl.max()) < 1e-3, float(kl.max())
 
 
+@pytest.mark.slow
 def test_an_export_from_8_sharded_devices_equals_the_one_device_export(tmp_path):
     from seqmodels.config import MeshConfig
     from seqmodels.sharding import make_mesh

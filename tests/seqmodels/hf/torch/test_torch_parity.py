@@ -25,6 +25,7 @@ def _case(path):
     return pytest.param(path, id=config_name(path), marks=marks)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", [_case(path) for path in LM_CONFIGS])
 def test_export_matches_jax_logits_and_greedy_tokens(tmp_path, path):
     config = tiny_config(path)
