@@ -345,6 +345,69 @@ def cfl_continued_heldout() -> str:
     return _table(["step", "N = 1..10", *map(str, shown), "lowest, N <= 32", "mean"], rows, 2, right_first=True)
 
 
+NEEDLE = "experiments/needle/results"
+# The rows of each table of experiments/needle/README.md: (label, results file under NEEDLE, model).
+NEEDLE_ETA_SWEEP = [("[0, 0.05]", "eta_sweep/eta_0.05/needle.json", "atlas"),
+                    ("[0, 0.1]", "eta_sweep/eta_0.1/needle.json", "atlas"),
+                    ("[0, 0.2]", "eta_sweep/eta_0.2/needle.json", "atlas"),
+                    ("eta on the gradient, [0, 0.05] (table below)", "needle.json", "atlas")]
+NEEDLE_CORRECTED = [("atlas (corrected defaults)", "corrected/needle.json", "atlas")]
+NEEDLE_ABLATIONS = [("atlas (the row above)", "corrected/needle.json", "atlas"),
+                    ("omeganet: `ns_steps` 5 -> 0", "corrected/needle.json", "omeganet"),
+                    ("`ablations/atlas_degree1`: `poly_degree` 2 -> 1", "corrected/needle.json", "ablations/atlas_degree1"),
+                    ("`ablations/atlas_window1`: `window` 8 -> 1", "corrected/needle.json", "ablations/atlas_window1"),
+                    ("`ablations/atlas_linear`: `memory_depth` 2 -> 1", "corrected/needle.json", "ablations/atlas_linear"),
+                    ("titans (window 1, degree 1, no NS, eta [0, 0.5])", "corrected/needle.json", "titans")]
+NEEDLE_ETA_CURRENT = [("[0, 0.02]", "eta_sweep_current/eta_0.02/needle.json", "atlas"),
+                      ("[0, 0.05] (`corrected/`, the default, commit 69af667)", "corrected/needle.json", "atlas"),
+                      ("[0, 0.05] (`eta_0.05`, commit cbd0c80)", "eta_sweep_current/eta_0.05/needle.json", "atlas"),
+                      ("[0, 0.1]", "eta_sweep_current/eta_0.1/needle.json", "atlas"),
+                      ("[0, 0.2]", "eta_sweep_current/eta_0.2/needle.json", "atlas")]
+NEEDLE_BEFORE = [(model, "needle.json", model) for model in ("transformer", "titans", "atlas", "omeganet")]
+
+
+def _needle(first: str, rows: list[tuple[str, str, str]]) -> str:
+    """Per row the model's retrieval accuracy at each evaluated length, its last training loss and its
+    training seconds, as ``needle.json`` records them."""
+    lines, lengths = [], None
+    for label, path, model in rows:
+        report = _json(f"{NEEDLE}/{path}")
+        if lengths is None:
+            lengths = report["lengths"]
+        assert report["lengths"] == lengths, (path, report["lengths"], lengths)
+        result = report["models"][model]
+        lines.append([label, *(f"{result['by_length'][name]['accuracy']:.2f}" for name in lengths),
+                      f"{result['last_loss']:.3f}", f"{result['train_seconds']:.0f}"])
+    header = [first, *(f"{name} ({tokens} tokens)" for name, tokens in lengths.items()), "final train loss", "train s"]
+    return "\n".join("|" + "|".join(f" {cell} " for cell in cells) + "|"
+                     for cells in [header, ["---"] * len(header), *lines]).replace("| --- ", "|---")
+
+
+def needle_eta_sweep() -> str:
+    """experiments/needle/results/eta_sweep/eta_<high>/needle.json and results/needle.json (eta on the gradient)."""
+    return _needle("eta_range", NEEDLE_ETA_SWEEP)
+
+
+def needle_corrected() -> str:
+    """experiments/needle/results/corrected/needle.json: the Atlas row."""
+    return _needle("model", NEEDLE_CORRECTED)
+
+
+def needle_ablations() -> str:
+    """experiments/needle/results/corrected/needle.json: Atlas, its one-knob ablations and Titans."""
+    return _needle("model (one knob from Atlas)", NEEDLE_ABLATIONS)
+
+
+def needle_eta_current() -> str:
+    """experiments/needle/results/eta_sweep_current/eta_<high>/needle.json and corrected/needle.json."""
+    return _needle("eta_range", NEEDLE_ETA_CURRENT)
+
+
+def needle_before() -> str:
+    """experiments/needle/results/needle.json: the models before the defaults followed the paper."""
+    return _needle("model", NEEDLE_BEFORE)
+
+
 def _long(*names: str) -> tuple[str, ...]:
     return tuple(f"{CFL}/long/{name}.json" for name in names)
 
@@ -368,6 +431,12 @@ TABLES = {
         f"bfvp_continued_{step}" for step, _ in CFL_CONTINUED)), cfl_continued),
     "cfl-continued-heldout": ("experiments/cfl/README.md", _long(*(f"heldout/{name}" for _, name in CFL_CONTINUED_HELDOUT)),
                               cfl_continued_heldout),
+    **{name: ("experiments/needle/README.md", tuple(sorted({f"{NEEDLE}/{path}" for _, path, _ in rows})), generate)
+       for name, rows, generate in (("needle-eta-sweep", NEEDLE_ETA_SWEEP, needle_eta_sweep),
+                                    ("needle-corrected", NEEDLE_CORRECTED, needle_corrected),
+                                    ("needle-ablations", NEEDLE_ABLATIONS, needle_ablations),
+                                    ("needle-eta-current", NEEDLE_ETA_CURRENT, needle_eta_current),
+                                    ("needle-before", NEEDLE_BEFORE, needle_before))},
 }
 
 
