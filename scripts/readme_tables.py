@@ -408,6 +408,120 @@ def needle_before() -> str:
     return _needle("model", NEEDLE_BEFORE)
 
 
+RECALL = "experiments/recall/results"
+
+
+def _compact(header: list[str], rows: list[list[str]], right_from: int | None = None) -> str:
+    """A markdown table with ``|---|`` rules (``|---:|`` from column ``right_from`` on)."""
+    rule = "|" + "".join("---:|" if right_from is not None and index >= right_from else "---|"
+                         for index in range(len(header)))
+    return "\n".join(["| " + " | ".join(header) + " |", rule,
+                      *(("| " + " | ".join(cells) + " |").replace("|  |", "| |") for cells in rows)])
+
+
+def _recall(run: str, variant: str, pairs: int = 4) -> dict:
+    """The result of ``variant`` with ``pairs`` key-value pairs in ``RECALL/<run>/recall.json``."""
+    report = _json(f"{RECALL}/{run}/recall.json")
+    (result,) = [r for r in report["results"] if r["variant"] == variant and r["num_pairs"] == pairs]
+    return result
+
+
+def _accuracy(run: str, variant: str, pairs: int = 4) -> str:
+    return f"{_recall(run, variant, pairs)['accuracy']:.3f}"
+
+
+def _recall_trained(run: str, variant: str) -> list[str]:
+    """4-pair accuracy, final training loss, training seconds."""
+    result = _recall(run, variant)
+    return [f"{result['accuracy']:.3f}", f"{result['final_train_loss']:.2f}", f"{result['train_seconds']:.0f}"]
+
+
+RECALL_GRID = [("Transformer++ (attention)", "attention"), ("attention + short conv on q, k, v (K=4)", "attention+conv"),
+               *((name, name) for name in ("mamba2", "deltanet", "gated_deltanet", "muonssm_mamba2",
+                                           "muonssm_gated_deltanet"))]
+RECALL_ATLAS = [("attention + short conv (K=4)", "attention+conv"), ("gated_deltanet", "gated_deltanet"),
+                ("atlas", "atlas"), ("titans", "titans"), ("omeganet (ns_steps 0)", "omeganet (atlas ns_steps 0)"),
+                ("atlas window 1", "atlas window 1"), ("atlas poly_degree 1", "atlas poly_degree 1"),
+                ("atlas linear memory", "atlas linear memory")]
+RECALL_CORRECTED = ["mamba2", "muonssm_mamba2", "longhorn", "muonssm_longhorn", "muonssm_gated_deltanet"]
+RECALL_UPDATE = ["atlas", "atlas window 1", "atlas poly_degree 1", "atlas linear memory"]
+RECALL_ETA = ["0.02", "0.05", "0.1", "0.2"]
+
+
+def recall_grid() -> str:
+    """experiments/recall/results/grid/recall.json: answer accuracy per mixer with 4 and 8 pairs."""
+    rows = [[label, _accuracy("grid", variant, 4), _accuracy("grid", variant, 8)] for label, variant in RECALL_GRID]
+    return _compact(["mixer", "T=64, 4 pairs", "T=64, 8 pairs"], rows)
+
+
+def recall_atlas() -> str:
+    """experiments/recall/results/atlas/recall.json: 4-pair accuracy, final training loss, training seconds."""
+    return _compact(["mixer", "T=64, 4 pairs", "final train loss", "train s"],
+                    [[label, *_recall_trained("atlas", variant)] for label, variant in RECALL_ATLAS], 1)
+
+
+def recall_grid_corrected() -> str:
+    """experiments/recall/results/grid_corrected/recall.json, and grid/recall.json for the mixers it has."""
+    grid = {r["variant"] for r in _json(f"{RECALL}/grid/recall.json")["results"]}
+    rows = [[name, _accuracy("grid_corrected", name, 4), _accuracy("grid_corrected", name, 8),
+             f"{_accuracy('grid', name, 4)} / {_accuracy('grid', name, 8)}" if name in grid else "(new mixer)"]
+            for name in RECALL_CORRECTED]
+    return _compact(["mixer", "T=64, 4 pairs", "T=64, 8 pairs", "before (`results/grid/`, 4 / 8 pairs)"], rows)
+
+
+def recall_ns_scope() -> str:
+    """experiments/recall/results/ns_scope/recall.json (both scopes) and grid/recall.json (the per-head rule)."""
+    name = "muonssm_gated_deltanet"
+    rows = [[f"{name}, `ns_scope: {scope}`" + " (default)" * (scope == "all"),
+             *(_accuracy("ns_scope", f"{name} ns_scope {scope}", pairs) for pairs in (4, 8))] for scope in ("all", "head")]
+    rows.append(["(`results/grid/`, before `ns_scope` existed: the per-head rule)",
+                 *(_accuracy("grid", name, pairs) for pairs in (4, 8))])
+    return _compact(["mixer", "T=64, 4 pairs", "T=64, 8 pairs"], rows)
+
+
+def recall_atlas_update() -> str:
+    """experiments/recall/results/atlas_update/recall.json, against atlas/recall.json (eta on the gradient);
+    the ``ns_steps: 0`` rows are atlas/recall.json's."""
+    rows = [[name, *_recall_trained("atlas_update", name), _accuracy("atlas", name)] for name in RECALL_UPDATE]
+    for label, variant in (("omeganet (ns_steps 0; `results/atlas/`, unchanged rule)", "omeganet (atlas ns_steps 0)"),
+                           ("titans (`results/atlas/`, unchanged rule)", "titans")):
+        rows.append([label, *_recall_trained("atlas", variant), _accuracy("atlas", variant)])
+    return _compact(["mixer", "T=64, 4 pairs", "final train loss", "train s", "before (eta on the gradient)"], rows, 1)
+
+
+def recall_atlas_corrected() -> str:
+    """experiments/recall/results/atlas_corrected/recall.json and atlas_corrected_rest/recall.json, against
+    atlas_update/recall.json (OmegaNet: atlas/recall.json)."""
+    rows = [[name, *_recall_trained("atlas_corrected", name), _accuracy("atlas_update", name)]
+            for name in ("atlas", "atlas poly_degree 1")]
+    rows.append(["atlas linear memory", *_recall_trained("atlas_corrected_rest", "atlas linear memory"),
+                 _accuracy("atlas_update", "atlas linear memory")])
+    rows.append(["omeganet (ns_steps 0)", *_recall_trained("atlas_corrected_rest", "omeganet (ns_steps 0)"),
+                 f"{_accuracy('atlas', 'omeganet (atlas ns_steps 0)')} (`results/atlas/`)"])
+    rows.append(["atlas window 1", *_recall_trained("atlas_corrected_rest", "atlas window 1"),
+                 _accuracy("atlas_update", "atlas window 1")])
+    return _compact(["mixer", "T=64, 4 pairs", "final train loss", "train s",
+                     "`results/atlas_update/` (eta [0, 0.1], earlier window form)"], rows, 1)
+
+
+def recall_eta() -> str:
+    """experiments/recall/results/eta_current/eta_<high>/recall.json (one run each, so its wall seconds are
+    the run's) and, for 0.05, atlas_corrected/recall.json's Atlas row (a run of two variants: no wall s)."""
+    rows = []
+    for high in RECALL_ETA:
+        if high == "0.05":
+            result, label, wall = _recall("atlas_corrected", "atlas"), "[0, 0.05] (`results/atlas_corrected/`, the default)", ""
+        else:
+            report = _json(f"{RECALL}/eta_current/eta_{high}/recall.json")
+            (result,) = report["results"]
+            label, wall = f"[0, {high}]", f"{report['wall_seconds']:.0f}"
+            assert result["variant"] == f"atlas eta [0, {high}]", result["variant"]
+        rows.append([label, f"{result['accuracy']:.3f}", f"{result['final_train_loss']:.2f}",
+                     f"{result['answer_loss']:.2f}", f"{result['train_seconds']:.0f}", wall])
+    return _compact(["eta_range", "T=64, 4 pairs", "final train loss", "held-out answer loss", "train s", "wall s"],
+                    rows, 1)
+
+
 def _long(*names: str) -> tuple[str, ...]:
     return tuple(f"{CFL}/long/{name}.json" for name in names)
 
@@ -437,6 +551,16 @@ TABLES = {
                                     ("needle-ablations", NEEDLE_ABLATIONS, needle_ablations),
                                     ("needle-eta-current", NEEDLE_ETA_CURRENT, needle_eta_current),
                                     ("needle-before", NEEDLE_BEFORE, needle_before))},
+    **{name: ("experiments/recall/README.md", tuple(f"{RECALL}/{run}/recall.json" for run in runs), generate)
+       for name, runs, generate in (
+           ("recall-grid", ["grid"], recall_grid), ("recall-atlas", ["atlas"], recall_atlas),
+           ("recall-grid-corrected", ["grid_corrected", "grid"], recall_grid_corrected),
+           ("recall-ns-scope", ["ns_scope", "grid"], recall_ns_scope),
+           ("recall-atlas-update", ["atlas_update", "atlas"], recall_atlas_update),
+           ("recall-atlas-corrected", ["atlas_corrected", "atlas_corrected_rest", "atlas_update", "atlas"],
+            recall_atlas_corrected),
+           ("recall-eta", [f"eta_current/eta_{high}" for high in RECALL_ETA if high != "0.05"] + ["atlas_corrected"],
+            recall_eta))},
 }
 
 
