@@ -522,6 +522,25 @@ def recall_eta() -> str:
                     rows, 1)
 
 
+TPU_AOT = "benchmarks/results/tpu_aot/tpu_aot.json"
+
+
+def tpu_aot() -> str:
+    """benchmarks/results/tpu_aot/tpu_aot.json: every row that compiled (the failures are in the text), its
+    parameters, per-chip temporaries and peak memory, XLA's FLOPs per chip per step, Mosaic calls and
+    compile seconds."""
+    gib = 2.0 ** 30
+    rows = []
+    for row in _json(TPU_AOT)["rows"]:
+        if "error" in row:
+            continue
+        rows.append([row["arch"], row["size"], f"{row['topology']} ({row['device_kind']} x {row['num_devices']})",
+                     f"{row['num_params'] / 1e6:.0f}M", f"{row['temp_bytes'] / gib:.2f}", f"{row['peak_bytes'] / gib:.2f}",
+                     f"{row['flops'] / 1e12:.1f}", str(row["mosaic_kernels"]), f"{row['compile_seconds']:.0f}"])
+    return _compact(["arch", "size", "topology", "params", "temps GiB", "peak GiB", "TFLOPs / chip / step",
+                     "Mosaic calls", "compile s"], rows)
+
+
 def _long(*names: str) -> tuple[str, ...]:
     return tuple(f"{CFL}/long/{name}.json" for name in names)
 
@@ -561,6 +580,7 @@ TABLES = {
             recall_atlas_corrected),
            ("recall-eta", [f"eta_current/eta_{high}" for high in RECALL_ETA if high != "0.05"] + ["atlas_corrected"],
             recall_eta))},
+    "tpu-aot": ("benchmarks/results/tpu_aot/README.md", (TPU_AOT,), tpu_aot),
 }
 
 
