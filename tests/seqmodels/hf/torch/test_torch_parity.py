@@ -10,11 +10,11 @@ import dataclasses
 
 import numpy as np
 import pytest
-from export_parity import (BASE_CONFIG, CAUSAL_KINDS, CONFIGS, LOGIT_TOLERANCE, config_name, jax_logits, jax_model,
-                           load_torch, measure_lm, parity_row, random_params, tiny_config)
+from export_parity import (BASE_CONFIG, CAUSAL_KINDS, CONFIGS, HYBRID, LOGIT_TOLERANCE, LOOPED_VARIANTS,
+                           SETTING_VARIANTS, config_name, hybrid_config, looped_config, measure_looped, measure_lm,
+                           parity_row, random_params, setting_variant_config, tiny_config)
 
 from seqmodels.mixers import MIXERS
-from seqmodels.mixers.attention import AttentionConfig
 
 FAST = {"swa", "deltanet", "mamba2", "longhorn"}  # under ~20 s here; the others are marked slow
 LM_CONFIGS = [path for path in CONFIGS if tiny_config(path).kind in CAUSAL_KINDS]  # the AHN configs too
@@ -45,12 +45,9 @@ def test_export_matches_jax_logits_and_greedy_tokens(tmp_path, path):
 @pytest.mark.slow
 def test_a_hybrid_list_through_the_seqmodels_attention_matches_jax(tmp_path):
     """``[swa, mamba2, attention]`` with grouped-query heads, q/k norm, a short convolution, q/k/v biases."""
-    base = tiny_config(BASE_CONFIG)
-    config = dataclasses.replace(
-        base, mixers=("swa", "mamba2", "attention"), num_heads=4, tie_embeddings=False,
-        attention=AttentionConfig(num_kv_heads=2, qk_norm=True, conv_kernel=3, qkv_bias=True, rope_theta=500.0))
+    config = hybrid_config()
     result = measure_lm(config, random_params(config), tmp_path / "hf")
-    print(parity_row("hybrid (GQA, q/k norm, conv, biases)", config, result))
+    print(parity_row(HYBRID, config, result))
     assert result["architecture"] == "SeqmodelsForCausalLM" and result["logit_scale"] > 1.0
     assert result["max_abs"] < LOGIT_TOLERANCE and result["cached_max_abs"] < LOGIT_TOLERANCE, result
     np.testing.assert_array_equal(result["torch_tokens"], result["jax_tokens"])
@@ -70,23 +67,6 @@ def test_every_registered_mixer_exports_with_jax_logits_and_greedy_tokens(tmp_pa
     np.testing.assert_array_equal(result["torch_tokens"], result["jax_tokens"])
 
 
-SETTING_VARIANTS = {
-    "muonssm_head_scope_polar_express": dict(
-        mixers=("muonssm_gated_deltanet", "muonssm_mamba2", "muonssm_longhorn"),
-        muonssm=dict(gamma=0.5, tau=0.7, ns_steps=3, ns_coefficients="polar_express", ns_scope="head"),
-        mamba2=dict(gated_norm="per_head_before_gate", head_dim=32)),
-    "muonssm_no_momentum_deltanet_widths": dict(
-        mixers=("muonssm_gated_deltanet", "muonssm_mamba2", "deltanet"), muonssm=dict(gamma=0.0, ns_steps=2),
-        deltanet=dict(head_dim=16, value_head_dim=24, conv_kernel=2)),
-    "atlas_polar_express_unclipped_gradient_eta": dict(
-        mixers=("atlas", "atlas_mal"), atlas=dict(ns_coefficients="polar_express", ns_steps=3, grad_clip=0.0,
-                                                  eta_scales="gradient", poly_degree=3, poly_key_dim=3,
-                                                  chunk_size=16, window=3)),  # 24 tokens: a partial last chunk
-    "atlas_memory_norm_deep": dict(mixers=("atlas", "atlas_mag"), atlas=dict(memory_norm=True)),
-    "atlas_memory_norm_linear": dict(mixers=("atlas",), atlas=dict(memory_norm=True, memory_depth=1)),
-}
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", SETTING_VARIANTS)
 def test_mixer_settings_the_configs_leave_at_defaults_match_jax(tmp_path, variant):
@@ -95,11 +75,7 @@ def test_mixer_settings_the_configs_leave_at_defaults_match_jax(tmp_path, varian
 
     (With chunk_size 5 the last setting is ill-conditioned: JAX's own chunked and reference forms then
     differ by 2e-3, so no export could match within 1e-4; at 16 they agree to 1e-5.)"""
-    base = tiny_config(BASE_CONFIG)
-    changes = dict(SETTING_VARIANTS[variant])
-    sections = {name: dataclasses.replace(getattr(base, name), **changes.pop(name))
-                for name in ("muonssm", "mamba2", "deltanet", "atlas") if name in changes}
-    config = dataclasses.replace(base, **changes, **sections)
+    config = setting_variant_config(variant)
     result = measure_lm(config, random_params(config), tmp_path / "hf")
     print(parity_row(variant, config, result))
     assert result["logit_scale"] > 1.0
@@ -107,43 +83,15 @@ def test_mixer_settings_the_configs_leave_at_defaults_match_jax(tmp_path, varian
     np.testing.assert_array_equal(result["torch_tokens"], result["jax_tokens"])
 
 
-LOOPED_VARIANTS = {
-    "looped_cfl": {},
-    "looped_gated_deltanet_distinct_blocks": dict(mixer="gated_deltanet", positions="rope+sinusoidal",
-                                                  share_weights=False, loop_schedule="fixed", fixed_loops=3,
-                                                  attention="bidirectional", reinject=False),
-}
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", LOOPED_VARIANTS)
 def test_looped_export_agrees_on_accept_or_reject_of_64_strings(tmp_path, variant):
-    import jax.numpy as jnp
-    import torch
-
-    from seqmodels.hf.export import export_model
-    from seqmodels.special_tokens import ACCEPT_ID, REJECT_ID
-    base = tiny_config(next(path for path in CONFIGS if path.stem == "looped_cfl"))
-    config = dataclasses.replace(base, vocab_size=26, looped=dataclasses.replace(base.looped,
-                                                                              **LOOPED_VARIANTS[variant]))
-    params = random_params(config, noise=0.2)
-    export_model(config, params, tmp_path / "hf")
-    torch_model = load_torch(tmp_path / "hf", "AutoModelForSequenceClassification")
-    assert type(torch_model).__name__ == "SeqmodelsLoopedForSequenceClassification"
-    model, rng = jax_model(config, params), np.random.default_rng(0)
-    decisions, differences = [], []
-    for length in range(1, 9):  # 8 lengths x 8 strings: [BOS] w [CLS]
-        tokens = np.concatenate([np.full((8, 1), 5), rng.integers(6, 26, size=(8, length)), np.full((8, 1), 2)], 1)
-        logits = np.asarray(jax_logits(model, jnp.asarray(tokens)))
-        with torch.no_grad():
-            output = torch_model(torch.as_tensor(tokens))
-        differences.append(np.abs(output["vocab_logits"].numpy() - logits).max())
-        np.testing.assert_array_equal(output.logits.numpy(), output["vocab_logits"].numpy()[:, [REJECT_ID, ACCEPT_ID]])
-        decisions.append((output.logits.numpy().argmax(-1), logits[:, ACCEPT_ID] > logits[:, REJECT_ID]))
-    torch_accepts = np.concatenate([d[0] for d in decisions]) == 1
-    jax_accepts = np.concatenate([d[1] for d in decisions])
-    assert len(jax_accepts) == 64 and 0 < jax_accepts.sum() < 64  # both decisions occur
-    np.testing.assert_array_equal(torch_accepts, jax_accepts)
-    print(f"| {variant} | {config.looped.mixer} (looped) | SeqmodelsLoopedForSequenceClassification | "
-          f"{max(differences):.2e} | accept/reject equal on 64: {bool(np.array_equal(torch_accepts, jax_accepts))} |")
-    assert max(differences) < LOGIT_TOLERANCE, max(differences)
+    config = looped_config(variant)
+    result = measure_looped(config, random_params(config, noise=0.2), tmp_path / "hf")
+    assert result["architecture"] == "SeqmodelsLoopedForSequenceClassification"
+    assert result["heads_agree"]  # the (reject, accept) logits are the vocabulary logits' two columns
+    assert len(result["jax_accepts"]) == 64 and 0 < result["jax_accepts"].sum() < 64  # both decisions occur
+    np.testing.assert_array_equal(result["torch_accepts"], result["jax_accepts"])
+    print(f"| {variant} | {config.looped.mixer} (looped) | {result['architecture']} | "
+          f"{result['max_abs']:.2e} | accept/reject equal on 64: {result['decisions_equal']} |")
+    assert result["max_abs"] < LOGIT_TOLERANCE, result["max_abs"]
