@@ -49,6 +49,20 @@ def _planted(data, path, value):
     return data
 
 
+def _read(path: Path):
+    """A JSON file, or a JSON-lines file as the list of its records."""
+    if path.suffix == ".jsonl":
+        return [json.loads(line) for line in path.read_text().splitlines() if line]
+    return json.loads(path.read_text())
+
+
+def _write(path: Path, data) -> None:
+    if path.suffix == ".jsonl":
+        path.write_text("".join(json.dumps(record) + "\n" for record in data))
+    else:
+        path.write_text(json.dumps(data))
+
+
 def _check_fails(name) -> bool:
     try:
         return readme_tables.main(["--check", name]) == 1
@@ -68,7 +82,7 @@ def test_check_fails_when_a_results_file_changes_a_value_without_the_readme(name
     assert readme_tables.main(["--check", name]) == 0
     committed = (tmp_path / readme).read_text()
     for source in sources:
-        data = json.loads((ROOT / source).read_text())
+        data = _read(ROOT / source)
         shown = readme_tables.committed_table(name)
         for path in _floats(data):
             original = data
@@ -77,7 +91,7 @@ def test_check_fails_when_a_results_file_changes_a_value_without_the_readme(name
             # plant only values the table can show (to 3 decimals or as a rounded count)
             if f"{original:.3f}" not in shown and f"{original:,.0f}" not in shown:
                 continue
-            (tmp_path / source).write_text(json.dumps(_planted(data, path, original + 0.37)))
+            _write(tmp_path / source, _planted(data, path, original + 0.37))
             if _check_fails(name):
                 assert (tmp_path / readme).read_text() == committed
                 return
