@@ -118,6 +118,7 @@ def _bold(text: str, bold: bool) -> str:
 
 
 CFL = "experiments/cfl/results"
+CFL_DEFAULT_BATCH = "32"  # configs/looped_cfl.yaml's train.batch_size, which a command without the override ran
 # The runs of each table of experiments/cfl/README.md, in its order (labels are descriptions of the runs).
 CFL_RECIPES = ["marked_palindrome_sinusoidal", "marked_palindrome_sinusoidal_4k", "marked_palindrome_rope_curriculum",
                "dyck2_loops2_curriculum", "dyck2_loops2_sinusoidal", "dyck2_loops3_sinusoidal",
@@ -262,7 +263,7 @@ def cfl_lengths_to_12() -> str:
         overrides = _cfl_overrides(report["command"])
         accuracy = _cfl_accuracy(report, "bfvp")
         rows.append([f"`{name}`", f"{overrides['model.d_model']}, {overrides['optim.learning_rate']}",
-                     overrides.get("train.batch_size", "32"),
+                     overrides.get("train.batch_size", CFL_DEFAULT_BATCH),
                      *(_bold(f"{accuracy[str(n)]:.3f}", "batch" in name and "d128" not in name)
                        for n in report["eval_lengths"]), f"{report['cpu_seconds']:.0f}"])
     return _table(["file", "d_model, lr", "batch", "8", "10", "12", "CPU s"], rows, 2)
