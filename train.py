@@ -94,8 +94,9 @@ def _train(args, stop, train, usage_errors, diverged) -> int:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
     except OSError as error:
-        print(f"error: {error.strerror or error}: {error.filename or ''}; check that train.run_dir is writable "
-              "and its disk has space", file=sys.stderr)
+        where = error.filename or "a file of train.run_dir"
+        print(f"error: {where}: {error.strerror or error}; check that train.run_dir is writable "
+              "and its disk has space, then run the same command to resume", file=sys.stderr)
         return EXIT_USAGE
     except diverged as error:
         print(f"error: {error}", file=sys.stderr)

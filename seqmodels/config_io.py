@@ -22,6 +22,7 @@ import yaml
 
 from seqmodels.config import Config, ConfigError, ModelConfig
 from seqmodels.config_base import choice_error, is_choice, literal_choices
+from seqmodels.errors import writing
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -253,7 +254,8 @@ def to_dict(config) -> dict:
 
 def save_config(config, path) -> None:
     """Write the resolved config as YAML (the file ``load_config`` reads back to the same Config)."""
-    Path(path).write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
+    with writing(path):
+        Path(path).write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
 
 
 def config_json(config) -> str:
