@@ -88,6 +88,17 @@ def test_perplexity_on_a_looped_classifier_is_refused(tmp_path, capsys):
     assert not (run_dir / "eval.json").exists()
 
 
+def test_second_ctrl_c_message_says_what_a_rerun_does(trained, tmp_path):
+    run_dir, corpus = trained
+    saved = load_config(None, tiny_overrides(run_dir, corpus))
+    assert train_entry.interrupted_twice(saved).endswith("resume from the checkpoint at step 5")
+    empty = load_config(None, tiny_overrides(tmp_path / "run", corpus))
+    (tmp_path / "run" / "checkpoints" / "3.orbax-checkpoint-tmp").mkdir(parents=True)  # a save cut short
+    message = train_entry.interrupted_twice(empty)
+    assert "no checkpoint of this run directory was ever saved" in message and "resume" not in message
+    assert "resume" not in train_entry.interrupted_twice(None)  # interrupted before the config was built
+
+
 @pytest.fixture
 def tmpfs(tmp_path):
     """A 2 MB tmpfs (as root), unmounted afterwards; skipped with the reason where mounting is refused."""
