@@ -126,6 +126,8 @@ def _coerce(key: str, annotation, value):
         return _finite(key, value)
     if annotation is float and isinstance(value, str) and _FLOAT.match(value.strip()):
         return _finite(key, value)  # YAML 1.1 reads '1e-3' (no dot) as a string
+    if annotation is int and type(value) is int and not -2**63 <= value < 2**63:
+        raise ConfigError(f"{key}: {value} does not fit in a 64-bit integer; no setting is that large")
     if annotation in (int, str, bool) and type(value) is annotation:
         return value
     raise ConfigError(f"{key}: expected {getattr(annotation, '__name__', annotation)}, "

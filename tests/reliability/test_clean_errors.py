@@ -29,6 +29,8 @@ def trained(tmp_path_factory):
     ("mesh.data=3", "multiply to"),
     ("mesh.tensor=3", "cannot be split"),
     ("model.norm_eps=-1", "model.norm_eps: must be > 0"),
+    (f"model.d_ff={10**20}", "model.d_ff: 100000000000000000000 does not fit in a 64-bit integer"),
+    (f"model.d_ff={2**40}", "model.d_ff: must be <= 1,048,576"),
 ])
 def test_bad_setting_is_refused_before_anything_is_written(tmp_path, tiny_corpus, capsys, override, message):
     before = snapshot(tmp_path)
