@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import eval as eval_entry
+import export as export_entry
 import train as train_entry
 from conftest import tiny_overrides, write_corpus
 from reliability_helpers import ROOT, one_paragraph_error, snapshot, subprocess_env
@@ -165,6 +166,22 @@ def test_full_disk_while_logging_is_one_error_naming_the_file_and_no_traceback(t
     assert "Traceback" not in result.stderr and "Exception" not in result.stderr
     named = result.stderr.strip().splitlines()[-1].removeprefix("error: ").split(": ")[0]
     assert Path(named).parent in (run_dir, run_dir / "tb"), result.stderr
+
+
+@pytest.mark.parametrize("tool", ["eval", "export"])
+def test_full_disk_under_an_eval_or_export_output_names_it_and_leaves_nothing(trained, tmpfs, capsys, tool):
+    run_dir, _ = trained
+    _fill(tmpfs, leave=4096)
+    before = snapshot(run_dir)
+    out = tmpfs / ("results.json" if tool == "eval" else "exported")
+    if tool == "eval":
+        status = eval_entry.main(["--run", str(run_dir), "--max-batches", "1", "--out", str(out)])
+    else:
+        status = export_entry.main(["--run", str(run_dir), "--out", str(out)])
+    assert status == 2
+    one_paragraph_error(capsys.readouterr().err, "No space left on device", str(out))
+    assert sorted(p.name for p in tmpfs.iterdir()) == ["filler"]  # no partial output, no staging folder
+    assert snapshot(run_dir) == before
 
 
 def _remount_read_only(mount_point):
