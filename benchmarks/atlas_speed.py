@@ -1,7 +1,7 @@
 """Training speed of a ~125M-parameter Atlas LM at T = 4096, beside Gated DeltaNet and Transformer++.
 
     python benchmarks/atlas_speed.py       # on a GPU -> benchmarks/results/atlas_speed.json
-    python benchmarks/atlas_speed.py --small --out /tmp/atlas_speed.json        # CPU smoke run, tiny models
+    python benchmarks/atlas_speed.py --small --out scratch/atlas_speed.json        # CPU smoke run, tiny models
 
 Every model is ``configs/<name>.yaml`` reshaped to the same ~125M shape (12 layers of
 d_model 768, 12 heads, SwiGLU MLPs, a 50,304-row embedding tied to the head, bf16 compute),

@@ -1,7 +1,7 @@
 """Compile time of the train step against depth, with and without ``model.scan_layers``.
 
     python benchmarks/compile_time.py                       # -> benchmarks/results/compile_time.json
-    python benchmarks/compile_time.py --layers 6,12 --mixers attention --out /tmp/compile.json
+    python benchmarks/compile_time.py --layers 6,12 --mixers attention --out scratch/compile.json
 
 Each case lowers and compiles the real train step (``seqmodels.training.step``, AdamW) of a decoder
 LM (d_model 256, 4 heads, vocabulary 256) whose ``model.mixers`` is one group repeated to the given

@@ -3,14 +3,14 @@
 1. Lowers forward + backward of the Pallas impl for CUDA against an abstract H200
    (``jax.sharding.AbstractDevice``), capturing each kernel's Triton module (TTIR).
 2. If a standalone Triton wheel is importable (``--triton-site``, e.g. made by
-   ``python -m pip install --target /tmp/triton-site triton``), compiles every module to PTX and
+   ``python -m pip install --target scratch/triton-site triton``), compiles every module to PTX and
    cubin for sm_90a with each kernel's ``(num_warps, num_stages)`` and prints what ptxas reports
    (registers, spills, shared memory) and whether the matmuls became wgmma instructions.
 
 The wheel's Triton is not the one inside jaxlib, so this is evidence, not proof, that the
 kernels build on the GPU; its numbers guide ``_specs.LAUNCH``.
 
-    python benchmarks/gated_delta_rule_ptxas.py --triton-site /tmp/triton-site
+    python benchmarks/gated_delta_rule_ptxas.py --triton-site scratch/triton-site
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """One GPU benchmark suite: kernels, Newton-Schulz, attention over packed rows, the train step of every mixer.
 
     python benchmarks/gpu_suite.py --out results/gpu/            # one H200: gpu_suite.json + gpu_suite.md
-    python benchmarks/gpu_suite.py --small --out /tmp/gpu_suite  # CPU smoke run (CI): tiny shapes
+    python benchmarks/gpu_suite.py --small --out scratch/gpu_suite  # CPU smoke run (CI): tiny shapes
 
 Sections, each measured in this run (medians of ``--repeats`` calls after a warm-up):
 

@@ -1,7 +1,7 @@
 """Cost of MuonSSM's momentum recurrences against their backbones' kernels: forward + backward, one run.
 
     OPENBLAS_NUM_THREADS=1 python benchmarks/muonssm_cost.py --out benchmarks/results/muonssm_cost/muonssm_cost.json
-    python benchmarks/muonssm_cost.py --small --out /tmp/cost.json        # seconds, for a smoke test
+    python benchmarks/muonssm_cost.py --small --out scratch/cost.json        # seconds, for a smoke test
 
 For one shape (per head K = V, chunk 64) it times the gradient of ``sum(o * cotangent)`` with
 respect to every input of:

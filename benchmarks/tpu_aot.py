@@ -19,6 +19,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from seqmodels.runs.portable import portable
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "results" / "tpu_aot"
 
@@ -58,7 +60,8 @@ def run_case(arch: str, size: str, topology: str, timeout: float) -> dict:
     command = [sys.executable, "-m", "seqmodels.tools.aot", "--topology", topology, "--config", config,
                "--json", str(out), *overrides]
     row = {"arch": arch, "size": size, "topology": topology,
-           "command": " ".join(["python -m seqmodels.tools.aot", *command[3:-len(overrides)], *map(repr, overrides)])}
+           "command": portable(" ".join(["python -m seqmodels.tools.aot", *command[3:-len(overrides)],
+                                         *map(repr, overrides)]))}
     try:
         result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
                                 env={**os.environ, "TPU_SKIP_MDS_QUERY": "1"})
@@ -111,7 +114,8 @@ def main(argv=None) -> int:
                 status = rows[-1].get("error", "").splitlines()[-1:] or [f"peak {rows[-1]['peak_bytes'] / 2**30:.2f} GiB"]
                 print(f"{arch:16s} {size:5s} {topology:10s} {status[0]}", flush=True)
                 (out / "tpu_aot.json").write_text(json.dumps(
-                    {"command": " ".join(["python benchmarks/tpu_aot.py", *(argv if argv is not None else sys.argv[1:])]),
+                    {"command": portable(" ".join(["python benchmarks/tpu_aot.py",
+                                                   *(argv if argv is not None else sys.argv[1:])])),
                      "rows": rows}, indent=2) + "\n")
                 (out / "tpu_aot.md").write_text(markdown(rows))
     print(f"wrote {out / 'tpu_aot.json'} and {out / 'tpu_aot.md'}")

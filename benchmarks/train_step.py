@@ -1,7 +1,7 @@
 """Training-step speed and memory of a ~125M-parameter LM per mixer, impl=pallas beside impl=xla and Transformer++.
 
     python benchmarks/train_step.py     # on a GPU -> benchmarks/results/train_step.json
-    python benchmarks/train_step.py --small --out /tmp/train_step.json             # CPU smoke run
+    python benchmarks/train_step.py --small --out scratch/train_step.json             # CPU smoke run
     python benchmarks/train_step.py --mixers mamba2,attention --seq-lens 4096 --isolate
 
 Each case is one mixer in every layer of the decoder LM (``--layers`` x (mixer + SwiGLU MLP),

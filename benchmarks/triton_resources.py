@@ -1,7 +1,7 @@
 """Compile the Pallas Triton kernels for an H200 without a GPU and report their resources.
 
-    python benchmarks/triton_resources.py --out-dir /tmp/ttir            # lower, write Triton IR
-    python benchmarks/triton_resources.py --out-dir /tmp/ttir --compile  # also compile for sm_90
+    python benchmarks/triton_resources.py --out-dir scratch/ttir            # lower, write Triton IR
+    python benchmarks/triton_resources.py --out-dir scratch/ttir --compile  # also compile for sm_90
 
 Step 1 (needs jax only) lowers forward+backward of each op at the H200 anchor shapes for an
 abstract CUDA device and writes each kernel's Triton IR (TTIR) as text. Step 2 (needs the

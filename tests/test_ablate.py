@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from conftest import write_corpus
+from seqmodels.runs.portable import portable
 from seqmodels.sweeps.runner import is_finished, run_specs
 from seqmodels.sweeps.spec import SweepError, load_sweep
 
@@ -164,8 +165,10 @@ def test_a_two_variant_sweep_runs_resumes_and_reports(tmp_path):
     table = (out / "table.md").read_text()
     for name, variant in by_name.items():
         run, = variant["runs"]
-        assert run["status"] == "done" and run["train_command"] == list(transformer.train_command if name ==
-                                                                        "transformer" else swa.train_command)
+        # Recorded as a reader re-runs it from the repository (no absolute path of this machine).
+        assert run["status"] == "done" and run["train_command"] == portable(list(
+            transformer.train_command if name == "transformer" else swa.train_command))
+        assert not any(part.startswith("/") for part in run["train_command"] + run["eval_command"])
         curve = run["eval"]["curve"]
         evaluated = [4, 5, 10] if name == "transformer" else [5, 10]  # + the interrupted run's checkpoint at step 4
         assert [p["step"] for p in curve] == evaluated and [p["tokens"] for p in curve] == [512 * s for s in evaluated]

@@ -37,6 +37,7 @@ from seqmodels.mixers.attention import AttentionConfig
 from seqmodels.models import build_model
 from seqmodels.models.ahn import trainable_path
 from seqmodels.optim.build import build_optimizer
+from seqmodels.runs.portable import portable
 from seqmodels.training.step import make_train_step
 from seqmodels.models.trainable import split_params
 
@@ -151,7 +152,8 @@ def main(argv=None) -> int:
         log(markdown_table(suite))
     command = "python experiments/ahn/run.py " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None
                                                                                   else argv))
-    summary = {"command": command, "settings": vars(args), "teacher_seconds": teacher_seconds,
+    command = portable(command)
+    summary = {"command": command, "settings": portable(vars(args)), "teacher_seconds": teacher_seconds,
                "wall_seconds": time.perf_counter() - started, "devices": str(jax.devices()), "results": results}
     (out / "ahn.json").write_text(json.dumps(summary, indent=2) + "\n")
     tables = [f"`{command}` ({summary['wall_seconds'] / 60:.1f} min wall on {jax.devices()[0].platform})", ""]

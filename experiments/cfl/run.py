@@ -30,6 +30,8 @@ import sys
 import time
 from pathlib import Path
 
+from seqmodels.runs.portable import portable
+
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -181,7 +183,7 @@ def main(argv=None) -> int:
     results = launch(args, sorted(names, key=lambda n: n != "looped_padded"))  # the slowest first
     end_cpu = os.times()
     report = {
-        "command": " ".join(["python", "experiments/cfl/run.py", *(sys.argv[1:] if argv is None else argv)]),
+        "command": portable(" ".join(["python", "experiments/cfl/run.py", *(sys.argv[1:] if argv is None else argv)])),
         "wall_seconds": time.perf_counter() - start_wall,
         "cpu_seconds": (end_cpu.children_user + end_cpu.children_system
                         - start_cpu.children_user - start_cpu.children_system),

@@ -1,7 +1,7 @@
 """Needle in a haystack: train models at one length, score greedy retrieval at 1x, 2x and 4x that length.
 
     python experiments/needle/run.py                  # Atlas, Titans, Transformer++ on CPU (~30 min)
-    python experiments/needle/run.py --models atlas,transformer --steps 50 --per-depth 2 --out /tmp/needle
+    python experiments/needle/run.py --models atlas,transformer --steps 50 --per-depth 2 --out scratch/needle
 
 Each model is its config (``configs/<name>.yaml``: atlas, titans, omeganet, transformer, swa,
 atlas_mag, atlas_mal, or ``ablations/<name>``) shrunk to ``--layers`` layers of ``--d-model``,

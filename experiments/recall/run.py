@@ -41,6 +41,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from seqmodels.runs.portable import portable
+
 # The delta-rule chunk forms call LAPACK's triangular solve; multi-threaded OpenBLAS on a busy CPU
 # spin-waits and makes each call ~1000x slower. One BLAS thread (XLA keeps its own threads).
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -181,14 +183,14 @@ def main(argv=None) -> int:
     variants, settings = parse_variants(args.mixers), parse_settings(args.settings)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    command = shlex.join(["python", "experiments/recall/run.py", *(sys.argv[1:] if argv is None else argv)])
+    command = portable(shlex.join(["python", "experiments/recall/run.py", *(sys.argv[1:] if argv is None else argv)]))
     results, start = [], time.perf_counter()
     for result in _run_all(args, variants, settings):
         results.append(result)
         print(f"{result['variant']:>28} T={result['seq_len']:<4} pairs={result['num_pairs']:<3} accuracy "
               f"{result['accuracy']:.3f} (train loss {result['final_train_loss']:.3f}, "
               f"{result['train_seconds']:.0f} s)", flush=True)
-        report = {"args": vars(args), "command": command, "platform": platform.platform(),
+        report = {"args": portable(vars(args)), "command": command, "platform": platform.platform(),
                   "wall_seconds": time.perf_counter() - start, "results": results}
         (out / "recall.json").write_text(json.dumps(report, indent=2))
         (out / "recall.md").write_text(markdown(results, settings, args, command))

@@ -25,6 +25,7 @@ import statistics
 import subprocess
 from pathlib import Path
 
+from seqmodels.runs.portable import portable
 from seqmodels.sweeps.evaluate import training_speed
 from seqmodels.sweeps.runner import RunSpec, read_status
 
@@ -99,9 +100,10 @@ def collect(sweep, specs: list[RunSpec], command: list[str], root: Path) -> dict
                          "time_limit_minutes": sweep.time_limit_minutes if variant.time_limit_minutes is None
                          else variant.time_limit_minutes,
                          "runs": runs, "summary": summarise(runs)})
-    return {"sweep": sweep.name, "file": sweep.path, **git_commit(root), "command": command, "budget": sweep.budget,
-            "seeds": list(sweep.seeds), "time_limit_minutes": sweep.time_limit_minutes,
-            "eval": _plain(sweep.eval), "variants": variants}
+    document = {"sweep": sweep.name, "file": sweep.path, **git_commit(root), "command": command,
+                "budget": sweep.budget, "seeds": list(sweep.seeds), "time_limit_minutes": sweep.time_limit_minutes,
+                "eval": _plain(sweep.eval), "variants": variants}
+    return portable(document)  # a committed results file names no path of this machine
 
 
 def _plain(value):

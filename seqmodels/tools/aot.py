@@ -2,6 +2,7 @@
 
     python -m seqmodels.tools.aot --topology v5e:2x4 --config configs/X.yaml [key.sub=value ...]
     python -m seqmodels.tools.aot --topology v5p:2x2x2 --config configs/X.yaml --json out.json
+    python -m seqmodels.tools.aot --serve      # compile request after request, one process (see serve)
 
 The topology (``jax.experimental.topologies.get_topology_desc``) gives abstract TPU devices; the mesh
 of ``mesh.*`` is laid out on them, the train state and a batch of ``train.batch_size x data.seq_len``
@@ -23,6 +24,7 @@ import json
 import os
 import sys
 import time
+import traceback
 
 TOPOLOGY_HELP = ("TPU topology name as jax.experimental.topologies takes it, e.g. v5e:2x4 (v5e-8), "
                  "v5p:2x2x2 (v5p-16: 8 chips), v4:2x2x1")
@@ -144,22 +146,83 @@ def format_report(report: dict) -> str:
     ])
 
 
+REPLY_PREFIX = "aot-reply "
+
+
+def compile_request(topology: str, config_path: str | None, overrides: list[str], devices: dict | None = None) -> dict:
+    """The report of one compile (``topology``, config file, overrides), as ``main`` writes it.
+
+    ``devices``: a cache of each topology's abstract devices, kept across requests. Raises
+    ``ConfigError`` or ``ValueError`` for a bad config, override or topology.
+    """
+    from seqmodels.config_io import load_config
+
+    if not isinstance(topology, str) or not topology:
+        raise ValueError(f"topology must be a non-empty string such as v5e:2x4, got {topology!r}")
+    if config_path is not None and not isinstance(config_path, str):
+        raise ValueError(f"config must be a path string or null, got {config_path!r}")
+    if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
+        raise ValueError(f"overrides must be a list of key=value strings, got {overrides!r}")
+    config = load_config(config_path, overrides)
+    devices = {} if devices is None else devices
+    if topology not in devices:
+        devices[topology] = topology_devices(topology)
+    report = compile_train_step(config, devices[topology])
+    return {"topology": topology, "config": config_path, "overrides": list(overrides), **report}
+
+
+def serve(requests=None, replies=None) -> int:
+    """Compile one request per line of ``requests`` (stdin), each a JSON object ``{"topology": ...,
+    "config": path or null, "overrides": [...]}``; answer each with one line on ``replies`` (stdout):
+    ``aot-reply `` and a JSON object, ``{"report": {...}}`` or ``{"error": "..."}`` for a refused request.
+
+    One process serves every request, so Python, JAX and libtpu start once and each topology's devices
+    are described once; a test suite compiles all its cases through it. Ends at the end of the input.
+    """
+    from seqmodels.config import ConfigError
+
+    requests = sys.stdin if requests is None else requests
+    replies = sys.stdout if replies is None else replies
+    devices: dict = {}
+    for line in requests:
+        if not line.strip():
+            continue
+        try:
+            request = json.loads(line)
+            if not isinstance(request, dict) or not set(request) <= {"topology", "config", "overrides"}:
+                raise ValueError(f"a request is a JSON object of topology, config and overrides, got {line.strip()!r}")
+            reply = {"report": compile_request(request.get("topology"), request.get("config"),
+                                               request.get("overrides", []), devices)}
+        except (ConfigError, ValueError) as error:  # json.JSONDecodeError is a ValueError
+            reply = {"error": str(error)}
+        except Exception as error:  # noqa: BLE001  (a compiler failure answers this request, not the next ones)
+            reply = {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()}
+        replies.write(REPLY_PREFIX + json.dumps(reply) + "\n")
+        replies.flush()
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--topology", required=True, help=TOPOLOGY_HELP)
+    parser.add_argument("--topology", help=TOPOLOGY_HELP + " (required unless --serve)")
     parser.add_argument("--config", help="YAML file stating what differs from the defaults")
     parser.add_argument("--json", help="also write the report as JSON to this file")
+    parser.add_argument("--serve", action="store_true",
+                        help="read compile requests as JSON lines on stdin, answer each on stdout (see serve)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. model.remat=full train.batch_size=16")
     args = parser.parse_args(argv)
+    if args.serve:
+        if args.topology or args.config or args.json or args.overrides:
+            parser.error("--serve takes its topology, config and overrides from each request, not the command line")
+        return serve()
+    if not args.topology:
+        parser.error("the following arguments are required: --topology")
     from seqmodels.config import ConfigError
-    from seqmodels.config_io import load_config
     try:
-        config = load_config(args.config, args.overrides)
-        report = compile_train_step(config, topology_devices(args.topology))
+        report = compile_request(args.topology, args.config, list(args.overrides))
     except (ConfigError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    report = {"topology": args.topology, "config": args.config, "overrides": list(args.overrides), **report}
     print(format_report(report))
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)

@@ -44,7 +44,6 @@ def runs(tmp_path_factory):
     return root, corpus, stopped, straight
 
 
-@pytest.mark.flaky(reruns=2)  # races a real signal / an orbax async save against the test's timing
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(CORRUPTIONS))
 def test_damaged_newest_checkpoint_falls_back_to_the_previous_one_bitwise(runs, name, tmp_path, capsys):

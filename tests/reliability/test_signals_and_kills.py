@@ -39,23 +39,64 @@ def corpus(tmp_path_factory):
     return str(write_corpus(tmp_path_factory.mktemp("signals") / "corpus") / "*.txt")
 
 
+# train.py with the first step's trace held open: it announces itself on stderr and waits for the release
+# file. The test's signal therefore always lands inside the first step's compile, however loaded the machine is.
+_HELD_FIRST_COMPILE = """
+import os, sys, time
+sys.path.insert(0, {root!r})
+import seqmodels.training.loop as loop
+real_make_train_step = loop.make_train_step
+def held_make_train_step(*args, **kwargs):
+    step = real_make_train_step(*args, **kwargs)
+    def held_step(*step_args):
+        os.write(2, b"first step compiling, held open\\n")
+        while not os.path.exists({release!r}):
+            time.sleep(0.02)
+        return step(*step_args)
+    return held_step
+loop.make_train_step = held_make_train_step
+sys.argv = ["train.py", *sys.argv[1:]]
+import train
+sys.exit(train.main())
+"""
+
+
+def _start_with_stderr_lines(script: str, overrides):
+    """The process and a list its stderr lines are appended to as they come (a reader thread)."""
+    process = subprocess.Popen([sys.executable, "-c", script, *overrides], cwd=ROOT, env=subprocess_env(),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = []
+    threading.Thread(target=lambda: lines.extend(iter(process.stderr.readline, "")), daemon=True).start()
+    return process, lines
+
+
+def _wait_for_stderr(process, lines, fragment, timeout):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not any(fragment in line for line in lines):
+        assert process.poll() is None, "".join(lines)[-2000:]
+        time.sleep(0.01)
+    assert any(fragment in line for line in lines), f"{fragment!r} never printed: {''.join(lines)[-2000:]}"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_signal_during_first_compile_saves_step_one_and_exits_preempted(tmp_path, corpus, signum):
-    run_dir = tmp_path / "run"
-    process = start_train(tiny_overrides(run_dir, corpus, train__steps=200, checkpoint__every_steps=100))
-    _wait_for_line(process, "starting towards step 200")  # printed just before the first step compiles
+    run_dir, release = tmp_path / "run", tmp_path / "release"
+    overrides = tiny_overrides(run_dir, corpus, train__steps=200, checkpoint__every_steps=100)
+    process, lines = _start_with_stderr_lines(
+        _HELD_FIRST_COMPILE.format(root=str(ROOT), release=str(release)), overrides)
+    _wait_for_stderr(process, lines, "first step compiling, held open", 240)
     process.send_signal(signum)
-    out, err = process.communicate(timeout=120)
+    _wait_for_stderr(process, lines, f"{signum.name} received: stopping after this step", 120)
+    release.touch()
+    out = process.stdout.read()
+    process.wait(timeout=120)
+    err = "".join(lines)
     assert process.returncode == EXIT_PREEMPTED, err[-2000:]
     assert "Traceback" not in err and f"stopped by {signum.name}" in err
-    if "before the first step: nothing was saved" in out:  # the signal beat the first step's dispatch
-        assert not (run_dir / "checkpoints").exists()  # no empty checkpoints/ left behind
-        assert logged_steps(run_dir) == []
-        return
-    saved = sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir())
-    assert len(saved) == 1 and 1 <= saved[0] < 200 and f"checkpoint saved at step {saved[0]}" in out
-    assert logged_steps(run_dir) == list(range(1, saved[0] + 1))
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["1"]
+    assert f"{signum.name} received: checkpoint saved at step 1" in out, out[-2000:]
+    assert logged_steps(run_dir) == [1]
 
 
 @pytest.mark.slow

@@ -22,6 +22,8 @@ def test_recall_experiment_writes_accuracy_per_mixer_and_setting(tmp_path):
                      "--eval-batches", "1", "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "recall.json").read_text())
     assert [r["variant"] for r in report["results"]] == ["mamba2", "two_layer"]
-    assert all(0.0 <= r["accuracy"] <= 1.0 and r["eval_answers"] == 16 for r in report["results"])
+    for r in report["results"]:  # two steps learn nothing measurable: accuracy is k of the 16 answers scored
+        assert r["eval_answers"] == 16 and 0 <= r["accuracy"] * 16 <= 16
+        assert r["accuracy"] * 16 == pytest.approx(round(r["accuracy"] * 16), abs=1e-6)
     table = (tmp_path / "recall.md").read_text()
     assert "| mamba2 |" in table and "| two_layer |" in table and "T=16, 2 pairs" in table

@@ -7,6 +7,7 @@ import pytest
 
 from seqmodels.config import ConfigError, ModelConfig
 from seqmodels.layers.attention import visibility_mask
+from seqmodels.mixers import MIXERS
 from seqmodels.mixers.attention import AttentionConfig, SlidingWindowConfig
 from seqmodels.models import build_model, generate
 from seqmodels.models.lm import document_positions
@@ -135,3 +136,19 @@ def test_every_remat_policy_keeps_the_short_convolution_outputs(policy):
     assert any("short_conv" in d for d in descriptions), descriptions
     if policy == "full":
         assert all("short_conv" in d or "argument" in d for d in descriptions), descriptions
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(MIXERS))
+def test_every_registered_mixer_decodes_as_its_training_forward(name):
+    """Prefill and token-by-token decoding with each mixer's cache give the training forward's logits, for
+    every mixer in the registry at its section's defaults (the default deep-memory Atlas included), so a
+    newly registered mixer is covered without a test of its own."""
+    config = ModelConfig(d_model=32, num_heads=2, mixers=(name,), max_seq_len=64, kernel_impl="xla")
+    model = build_model(config, seed=1)
+    prompt = jax.random.randint(jax.random.key(0), (2, 7), 0, config.vocab_size)
+    tokens, logits = generate(model, prompt, 9)
+    full, _ = model(tokens[:, :-1])
+    assert tokens.shape == (2, 16) and logits.shape == full.shape
+    np.testing.assert_allclose(logits, full, atol=FP32_TOL, rtol=FP32_TOL)
+    assert np.array_equal(np.asarray(tokens[:, 7:]), np.asarray(jnp.argmax(full[:, 6:], -1)))

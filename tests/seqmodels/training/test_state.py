@@ -59,10 +59,18 @@ def test_fsdp_divides_the_optimizer_state_per_device():
         return sum(shard.data.nbytes for leaf in jax.tree.leaves(tree) for shard in leaf.addressable_shards
                    if shard.device == jax.devices()[0])
 
+    def split_bytes(leaf):  # a leaf's bytes over the product of the mesh axes its spec names
+        named = [a for entry in leaf.sharding.spec if entry is not None
+                 for a in (entry if isinstance(entry, tuple) else (entry,))]
+        return leaf.nbytes // int(np.prod([leaf.sharding.mesh.shape[a] for a in named]))
+
     params, moments = bytes_on_device_0(state["params"]), bytes_on_device_0(state["opt_state"])
     total_params = sum(leaf.nbytes for leaf in jax.tree.leaves(state["params"]))
+    assert params == sum(split_bytes(leaf) for leaf in jax.tree.leaves(state["params"]))
     assert params < total_params / 3  # fsdp 4 x tensor 2 split the weights
-    np.testing.assert_allclose(moments, 2 * params, rtol=0.05)  # two moments, split as the weights are
+    # Two moments split as the weights are, and the 0-d step counters whole on every device.
+    counters = [leaf for leaf in jax.tree.leaves(state["opt_state"]) if leaf.ndim == 0]
+    assert counters and moments == 2 * params + sum(leaf.nbytes for leaf in counters)
 
 
 def test_merged_spec_keeps_the_split_of_a_run_whose_first_axis_is_split():

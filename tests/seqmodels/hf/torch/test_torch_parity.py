@@ -13,6 +13,7 @@ import pytest
 from export_parity import (BASE_CONFIG, CAUSAL_KINDS, CONFIGS, LOGIT_TOLERANCE, config_name, jax_logits, jax_model,
                            load_torch, measure_lm, parity_row, random_params, tiny_config)
 
+from seqmodels.mixers import MIXERS
 from seqmodels.mixers.attention import AttentionConfig
 
 FAST = {"swa", "deltanet", "mamba2", "longhorn"}  # under ~20 s here; the others are marked slow
@@ -51,6 +52,20 @@ def test_a_hybrid_list_through_the_seqmodels_attention_matches_jax(tmp_path):
     result = measure_lm(config, random_params(config), tmp_path / "hf")
     print(parity_row("hybrid (GQA, q/k norm, conv, biases)", config, result))
     assert result["architecture"] == "SeqmodelsForCausalLM" and result["logit_scale"] > 1.0
+    assert result["max_abs"] < LOGIT_TOLERANCE and result["cached_max_abs"] < LOGIT_TOLERANCE, result
+    np.testing.assert_array_equal(result["torch_tokens"], result["jax_tokens"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(MIXERS))
+def test_every_registered_mixer_exports_with_jax_logits_and_greedy_tokens(tmp_path, name):
+    """Two layers of each mixer in the registry, at its section's defaults (the default deep-memory Atlas
+    included): a newly registered mixer is measured without a config or a test of its own."""
+    config = dataclasses.replace(tiny_config(BASE_CONFIG), mixers=(name, name))
+    result = measure_lm(config, random_params(config), tmp_path / "hf")
+    print(parity_row(f"{name} x 2", config, result))
+    assert result["architecture"] == ("LlamaForCausalLM" if name == "attention" else "SeqmodelsForCausalLM")
+    assert result["logit_scale"] > 1.0  # the tolerance is absolute on O(1) logits
     assert result["max_abs"] < LOGIT_TOLERANCE and result["cached_max_abs"] < LOGIT_TOLERANCE, result
     np.testing.assert_array_equal(result["torch_tokens"], result["jax_tokens"])
 
