@@ -56,7 +56,11 @@ class EventFile:
         directory = Path(directory)
         with writing(directory):
             directory.mkdir(parents=True, exist_ok=True)
-        self.path = directory / f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}"
+        name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}"
+        self.path, number = directory / name, 1
+        while self.path.exists():  # a resumed run within the same second: a file of its own, not an overwrite
+            number += 1
+            self.path = directory / f"{name}.{number}"
         self._event = Event
         with writing(self.path):
             self._records = RecordWriter(str(self.path))
