@@ -108,7 +108,7 @@ def _train(args, stop, train, usage_errors, diverged) -> int:
     except OSError as error:
         where = error.filename or "a file of train.run_dir"
         print(f"error: {where}: {error.strerror or error}; check that train.run_dir is writable "
-              "and its disk has space, then run the same command to resume", file=sys.stderr)
+              "and its disk has space, then run the same command again", file=sys.stderr)
         return EXIT_USAGE
     except diverged as error:
         print(f"error: {error}", file=sys.stderr)
