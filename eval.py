@@ -20,7 +20,7 @@ import os
 import sys
 from pathlib import Path
 
-from seqmodels.config import ConfigError
+from seqmodels.config_base import ConfigError
 
 
 def _perplexity(model, config, args) -> dict:

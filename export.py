@@ -17,7 +17,9 @@ checkpoint, this repository or the working directory); nothing is written when t
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from pathlib import Path
 
 
 def parse_args(argv):
@@ -31,6 +33,19 @@ def parse_args(argv):
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                         help="dtype of the written weights")
     return parser.parse_args(argv)
+
+
+def _os_problem(error: OSError, run: str, out: str) -> str:
+    """What an ``OSError`` of an export means: a file of the run that cannot be read, else the output (written in a
+    staging folder beside ``out``, removed on failure) that cannot be written."""
+    reason = error.strerror or str(error)
+    target = Path(out).resolve()
+    if error.filename is not None:
+        path = Path(os.fsdecode(error.filename)).resolve()
+        if path.is_relative_to(Path(run).resolve()) and not path.is_relative_to(target.parent):
+            return f"cannot read {path}: {reason}; check the run directory --run"
+    return (f"cannot write the export to {target}: {reason}; free space or choose another --out "
+            "(nothing was left behind)")
 
 
 def main(argv=None) -> int:
@@ -49,6 +64,9 @@ def _main(argv) -> int:
         out, step = export_run(args.run, args.out, step=args.step, dtype=args.dtype, force=args.force)
     except (HFFormatError, CheckpointError, ConfigError) as error:
         print(f"error: {error}", file=sys.stderr)
+        return 2
+    except OSError as error:
+        print(f"error: {_os_problem(error, args.run, args.out)}", file=sys.stderr)
         return 2
     print(f"exported step {step} of {args.run} to {out} ({args.dtype})")
     return 0

@@ -78,9 +78,21 @@ def _main(argv, standalone: bool) -> int:
     return status
 
 
+def interrupted_twice(config) -> str:
+    """The message of a second Ctrl-C: what a rerun of the same command does, from what the run directory holds."""
+    from seqmodels.runs.checkpoint_check import newest_saved_step
+    step = None if config is None else newest_saved_step(config.train.run_dir)
+    if step is None:
+        return ("error: interrupted twice: stopped at once without saving; no checkpoint of this run directory was "
+                "ever saved, so running the same command starts again from the first step")
+    return (f"error: interrupted twice: stopped at once without saving; run the same command to resume from the "
+            f"checkpoint at step {step}")
+
+
 def _train(args, stop, train, usage_errors, diverged) -> int:
     from seqmodels.config_io import load_config
     from seqmodels.hf.base import explicit_model_keys, prepare_base, resolve_base, resolve_learning_rate
+    config = None  # until the config is built, no run directory is known
     try:
         prepare_base(args.config, args.overrides)  # a base to convert on first use may be the data's tokenizer
         explicit = explicit_model_keys(args.config, args.overrides)  # what the user set, against the base's
@@ -94,15 +106,15 @@ def _train(args, stop, train, usage_errors, diverged) -> int:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
     except OSError as error:
-        print(f"error: {error.strerror or error}: {error.filename or ''}; check that train.run_dir is writable "
-              "and its disk has space", file=sys.stderr)
+        where = error.filename or "a file of train.run_dir"
+        print(f"error: {where}: {error.strerror or error}; check that train.run_dir is writable "
+              "and its disk has space, then run the same command again", file=sys.stderr)
         return EXIT_USAGE
     except diverged as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_DIVERGED
     except KeyboardInterrupt:
-        print("error: interrupted twice: stopped at once without saving; run the same command to resume from the "
-              "last checkpoint", file=sys.stderr)
+        print(interrupted_twice(config), file=sys.stderr)
         return EXIT_ABORTED
     if summary["interrupted_by"]:
         print(f"stopped by {summary['interrupted_by']} after step {summary['end_step']} (exit status "

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 import seqmodels.mixers  # noqa: F401  (imports every mixer module: each registers its sections)
-from seqmodels.config_base import ConfigError, KernelImpl, _require, _require_at_least, _require_choices, describe
+from seqmodels.config_base import (MAX_BATCH, MAX_SEED, MAX_STEPS, ConfigError, KernelImpl, _require,
+                                   _require_at_least, _require_at_most, _require_choices, describe)
 from seqmodels.config_data import (  # noqa: F401  (the data section, re-exported here)
     CFL_LANGUAGES, SYNTHETIC_TASKS, CflDataConfig, DataConfig, SyntheticConfig, needle_min_length)
 from seqmodels.config_model import ModelConfigBase
@@ -108,6 +109,7 @@ class TrainConfig:
 
     def __post_init__(self):
         _require_at_least(self, "train", steps=1, batch_size=1, grad_accum=1, seed=0)
+        _require_at_most(self, "train", steps=MAX_STEPS, batch_size=MAX_BATCH, seed=MAX_SEED)
         _require(self.batch_size % self.grad_accum == 0, "train.batch_size",
                  f"{self.batch_size} is not divisible by train.grad_accum={self.grad_accum}")
         _require(0 <= self.exit_at_step <= self.steps, "train.exit_at_step",

@@ -43,6 +43,24 @@ def _require_at_least(section, prefix: str, **lows) -> None:
         _require(value >= low, f"{prefix}.{key}", f"must be >= {low}, got {value}")
 
 
+def _require_at_most(section, prefix: str, **highs) -> None:
+    """``{prefix}.{key}: must be <= {high}, got {value}`` for the first field of ``section`` above its bound."""
+    for key, high in highs.items():
+        value = getattr(section, key)
+        _require(value <= high, f"{prefix}.{key}", f"must be <= {high:,}, got {value:,}")
+
+
+# Upper bounds of sizes, far above any model or run this code can build on one pod: a value past them is a typo
+# (an extra digit, 10**20), refused here rather than as an allocation failure or overflow when the model is built.
+MAX_WIDTH = 2**17  # d_model, head widths (the widest published models use 2**14 - 2**15)
+MAX_FF = 2**20  # SwiGLU hidden width
+MAX_VOCAB = 2**24  # vocabulary entries (the largest tokenizers have ~2**18)
+MAX_TOKENS = 2**27  # positions of a row (max_seq_len, seq_len): 134M tokens
+MAX_STEPS = 2**31 - 1  # the train state's step counter is a 32-bit integer
+MAX_BATCH = 2**24  # rows of a global batch
+MAX_SEED = 2**32 - 1  # jax.random.key keeps the low 32 bits of a seed: larger seeds would repeat smaller ones
+
+
 def literal_choices(annotation) -> tuple | None:
     """The allowed values of a ``Literal[...]`` annotation, or None for any other annotation."""
     return typing.get_args(annotation) if typing.get_origin(annotation) is typing.Literal else None

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from seqmodels.config_base import _require, _require_at_least, _require_choices, describe
+from seqmodels.config_base import MAX_TOKENS, _require, _require_at_least, _require_at_most, _require_choices, describe
 
 
 def needle_min_length(key_length: int, value_length: int, distractors: int) -> int:
@@ -121,6 +121,8 @@ class DataConfig:
                  f"{self.seq_len} cannot hold [BOS] + data.cfl.max_length={self.cfl.max_length} symbols + [CLS]; "
                  f"set data.seq_len >= {self.cfl.max_length + 2}")
         _require(self.seq_len >= 1, "data.seq_len", f"must be >= 1, got {self.seq_len}")
+        _require_at_most(self, "data", seq_len=MAX_TOKENS, needle_key_length=64, needle_value_length=64,
+                         needle_distractors=MAX_TOKENS)
         _require(0.0 < self.heldout_fraction < 1.0, "data.heldout_fraction",
                  f"must be in (0, 1), got {self.heldout_fraction}")
         _require(self.max_documents >= 0, "data.max_documents", "must be >= 0")

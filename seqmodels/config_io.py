@@ -22,6 +22,7 @@ import yaml
 
 from seqmodels.config import Config, ConfigError, ModelConfig
 from seqmodels.config_base import choice_error, is_choice, literal_choices
+from seqmodels.errors import writing
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -125,6 +126,8 @@ def _coerce(key: str, annotation, value):
         return _finite(key, value)
     if annotation is float and isinstance(value, str) and _FLOAT.match(value.strip()):
         return _finite(key, value)  # YAML 1.1 reads '1e-3' (no dot) as a string
+    if annotation is int and type(value) is int and not -2**63 <= value < 2**63:
+        raise ConfigError(f"{key}: {value} does not fit in a 64-bit integer; no setting is that large")
     if annotation in (int, str, bool) and type(value) is annotation:
         return value
     raise ConfigError(f"{key}: expected {getattr(annotation, '__name__', annotation)}, "
@@ -253,7 +256,8 @@ def to_dict(config) -> dict:
 
 def save_config(config, path) -> None:
     """Write the resolved config as YAML (the file ``load_config`` reads back to the same Config)."""
-    Path(path).write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
+    with writing(path):
+        Path(path).write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
 
 
 def config_json(config) -> str:

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from seqmodels.config_ahn import AHNConfig
-from seqmodels.config_base import KernelImpl, _require, _require_at_least, _require_choices, describe
+from seqmodels.config_base import (MAX_FF, MAX_TOKENS, MAX_VOCAB, MAX_WIDTH, KernelImpl, _require, _require_at_least,
+                                   _require_at_most, _require_choices, describe)
 from seqmodels.config_looped import LoopedConfig
 
 
@@ -57,6 +58,8 @@ class ModelConfigBase:
                             "seqmodels.config.ModelConfig")
         _require_choices(self, "model")
         _require_at_least(self, "model", vocab_size=1, d_model=1, num_heads=1, max_seq_len=1, d_ff=0)
+        _require_at_most(self, "model", vocab_size=MAX_VOCAB, d_model=MAX_WIDTH, num_heads=MAX_WIDTH,
+                         max_seq_len=MAX_TOKENS, d_ff=MAX_FF)
         _require(self.d_model % self.num_heads == 0, "model.d_model",
                  f"{self.d_model} is not divisible by model.num_heads={self.num_heads}")
         _require(len(self.mixers) >= 1, "model.mixers", "needs at least one layer")

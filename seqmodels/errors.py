@@ -3,6 +3,8 @@
 ``HFFormatError``: a Hugging Face directory or file (checkpoint, ``config.json``, ``tokenizer.json``) that cannot
 be read or written; raised by ``seqmodels.hf`` and by the data pipeline's ``hf:DIR`` tokenizer.
 ``reading(path, what)`` turns what a parser raises on a malformed file into an ``HFFormatError`` naming it.
+``writing(path)`` gives an ``OSError`` raised while writing ``path`` (a full disk on a buffered write or a
+flush carries no file name) the name of the file, so the message a user reads says where.
 """
 
 from __future__ import annotations
@@ -36,3 +38,14 @@ def reading(path, what: str):
         detail = (str(error).strip().splitlines() or [""])[0][:200]
         raise HFFormatError(f"{path}: not a valid {what} ({type(error).__name__}"
                             + (f": {detail}" if detail else "") + ")") from None
+
+
+@contextlib.contextmanager
+def writing(path):
+    """Inside, an ``OSError`` that names no file is raised again naming ``path`` (same errno and reason)."""
+    try:
+        yield
+    except OSError as error:
+        if error.filename is not None or error.errno is None:
+            raise
+        raise type(error)(error.errno, error.strerror or str(error), str(path)) from error

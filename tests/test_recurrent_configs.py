@@ -9,7 +9,7 @@ import pytest
 import eval as eval_entry
 import train as train_entry
 from seqmodels.config_io import load_config
-from seqmodels.training.state import abstract_model
+from seqmodels.models import abstract_model
 
 CONFIGS = ["mamba2", "deltanet", "gated_deltanet", "muonssm_mamba2", "muonssm_gated_deltanet", "longhorn",
            "muonssm_longhorn"]

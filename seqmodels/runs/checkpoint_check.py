@@ -102,6 +102,16 @@ def _is_json(path: Path) -> bool:
     return True
 
 
+def newest_saved_step(run_dir) -> int | None:
+    """The newest step of ``run_dir/checkpoints`` that looks complete, None when none does (or none is there)."""
+    directory = Path(run_dir) / "checkpoints"
+    try:
+        steps = sorted((int(path.name) for path in directory.iterdir() if path.name.isdigit()), reverse=True)
+    except OSError:
+        return None
+    return next((step for step in steps if not step_problems(directory / str(step), process_count=None)), None)
+
+
 def first_line(error: BaseException) -> str:
     return (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
 

@@ -248,8 +248,11 @@ def _run(config: Config, mesh, iterator, checkpointer: Checkpointer, choice, inc
     try:
         interrupted_by = _steps(config, state, step_fn, iterator, batch_sharding, checkpointer, recorder, stop,
                                 range(start + 1, last_step + 1), topology)
-    finally:
-        logger.close()
+    except BaseException:
+        with contextlib.suppress(OSError):  # the error in flight (a full disk, say) is the one to report
+            logger.close()
+        raise
+    logger.close()
     losses = recorder.losses
     steps = sorted(losses)
     return {"start_step": start, "end_step": steps[-1] if steps else start, "losses": losses,

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import socket
 import sys
+import time
 from pathlib import Path
 
 from seqmodels.config import LogConfig
+from seqmodels.errors import writing
 
 
 def drop_rows_after(path, step: int) -> int:
@@ -31,9 +34,56 @@ def drop_rows_after(path, step: int) -> int:
             dropped += 1
     if dropped:
         temporary = path.with_name(path.name + ".tmp")
-        temporary.write_text("".join(line + "\n" for line in kept))
+        with writing(temporary):
+            temporary.write_text("".join(line + "\n" for line in kept))
         temporary.replace(path)
     return dropped
+
+
+class EventFile:
+    """TensorBoard scalars in one event file, written in the caller's thread.
+
+    tensorboardX's ``SummaryWriter`` writes from a background thread and closes from an ``atexit`` hook: a
+    full disk there prints thread and exit tracebacks after the run's own message, and the caller sees a
+    reasonless error later. Here every write and flush happens where it is called, and an ``OSError``
+    names the event file. ``purge_step`` (a resumed run) tells TensorBoard to discard the events a previous
+    run logged from that step on, as ``SummaryWriter(purge_step=...)`` does.
+    """
+
+    def __init__(self, directory, *, purge_step: int | None = None):
+        from tensorboardX.proto.event_pb2 import Event, SessionLog
+        from tensorboardX.record_writer import RecordWriter
+        directory = Path(directory)
+        with writing(directory):
+            directory.mkdir(parents=True, exist_ok=True)
+        name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}"
+        self.path, number = directory / name, 1
+        while self.path.exists():  # a resumed run within the same second: a file of its own, not an overwrite
+            number += 1
+            self.path = directory / f"{name}.{number}"
+        self._event = Event
+        with writing(self.path):
+            self._records = RecordWriter(str(self.path))
+        self._write(Event(wall_time=time.time(), file_version="brain.Event:2"))
+        if purge_step is not None:
+            self._write(Event(wall_time=time.time(), step=purge_step, session_log=SessionLog(status=SessionLog.START)))
+        self.flush()
+
+    def _write(self, event) -> None:
+        with writing(self.path):
+            self._records.write(event.SerializeToString())
+
+    def add_scalar(self, tag: str, value: float, step: int) -> None:
+        from tensorboardX.summary import scalar
+        self._write(self._event(wall_time=time.time(), step=step, summary=scalar(tag, float(value))))
+
+    def flush(self) -> None:
+        with writing(self.path):
+            self._records.flush()
+
+    def close(self) -> None:
+        with writing(self.path):
+            self._records.close()
 
 
 class MetricsLogger:
@@ -54,11 +104,11 @@ class MetricsLogger:
         self.primary = primary
         if primary:
             drop_rows_after(run_dir / "metrics.jsonl", start_step)
-        self.jsonl = open(run_dir / "metrics.jsonl", "a") if primary else None
+        self.jsonl_path = run_dir / "metrics.jsonl"
+        self.jsonl = open(self.jsonl_path, "a") if primary else None
         self.writer = None
         if config.tensorboard and primary:
-            from tensorboardX import SummaryWriter
-            self.writer = SummaryWriter(str(run_dir / "tb"), purge_step=start_step + 1)
+            self.writer = EventFile(run_dir / "tb", purge_step=start_step + 1)
         show = config.progress == "always" or (config.progress == "auto" and sys.stderr.isatty())
         self.bar = None
         if show and primary:
@@ -69,8 +119,9 @@ class MetricsLogger:
         if self.jsonl is None:
             return
         record = {"step": step, **{k: float(v) for k, v in metrics.items()}}
-        self.jsonl.write(json.dumps(record) + "\n")
-        self.jsonl.flush()
+        with writing(self.jsonl_path):
+            self.jsonl.write(json.dumps(record) + "\n")
+            self.jsonl.flush()
         if self.writer is not None:
             for key, value in metrics.items():
                 self.writer.add_scalar(f"train/{key}", float(value), step)
@@ -91,9 +142,13 @@ class MetricsLogger:
             print(text, flush=True)
 
     def close(self) -> None:
+        """Close every sink; a sink that fails to close (a full disk) does not keep the others open."""
         if self.bar is not None:
             self.bar.close()
-        if self.writer is not None:
-            self.writer.close()
-        if self.jsonl is not None:
-            self.jsonl.close()
+        try:
+            if self.writer is not None:
+                self.writer.close()
+        finally:
+            if self.jsonl is not None:
+                with writing(self.jsonl_path):
+                    self.jsonl.close()

@@ -61,7 +61,11 @@ def setting_differences(saved: Config, current: Config) -> dict[str, tuple]:
 
 
 def schedule_note(saved: Config, current: Config, step: int) -> str | None:
-    """What a changed ``train.steps`` (or optimizer schedule) does to the learning rate after ``step``."""
+    """What a changed ``train.steps`` (or optimizer schedule) does to the learning rate after ``step``.
+
+    Step ``s`` (counted from 1, as logged) applies the schedule's value at ``s - 1`` (the number of updates
+    made before it), so the first resumed step, ``step + 1``, uses ``schedule(step)``.
+    """
     before = learning_rate_schedule(saved.optim, saved.train.steps)
     after = learning_rate_schedule(current.optim, current.train.steps)
     lr_before, lr_after = float(before(step)), float(after(step))
@@ -69,8 +73,8 @@ def schedule_note(saved: Config, current: Config, step: int) -> str | None:
         return None
     return (f"train.steps {saved.train.steps} -> {current.train.steps}: the learning-rate schedule is rebuilt for "
             f"{current.train.steps} steps ({current.optim.schedule} after {current.optim.warmup_steps} warm-up "
-            f"steps), so at step {step + 1} the learning rate is {float(after(step + 1)):.4g} where the checkpoint's "
-            f"schedule had {float(before(step + 1)):.4g}")
+            f"steps), so at step {step + 1} the learning rate is {lr_after:.4g} where the checkpoint's "
+            f"schedule had {lr_before:.4g}")
 
 
 def check_setting_changes(saved: Config, current: Config, step: int, where: str) -> list[str]:

@@ -5,7 +5,8 @@ import json
 import pytest
 
 from benchmarks import atlas_speed
-from seqmodels.training.state import abstract_model, count_params
+from seqmodels.models import abstract_model
+from seqmodels.training.state import count_params
 
 
 @pytest.mark.parametrize("name", ["atlas", "transformer"])

@@ -1,18 +1,25 @@
 """Every user mistake of the fault-injection list: an `error:` paragraph, exit status 2, nothing overwritten."""
 
+import atexit
+import contextlib
+import errno
 import json
 import shutil
 import subprocess
 import sys
+import threading
+from pathlib import Path
 
 import pytest
 
 import eval as eval_entry
+import export as export_entry
 import train as train_entry
 from conftest import tiny_overrides, write_corpus
 from reliability_helpers import ROOT, one_paragraph_error, snapshot, subprocess_env
-from seqmodels.config import ConfigError
+from seqmodels.config import ConfigError, LogConfig
 from seqmodels.config_io import load_config
+from seqmodels.training.metrics import MetricsLogger
 
 
 @pytest.fixture(scope="module")
@@ -29,6 +36,8 @@ def trained(tmp_path_factory):
     ("mesh.data=3", "multiply to"),
     ("mesh.tensor=3", "cannot be split"),
     ("model.norm_eps=-1", "model.norm_eps: must be > 0"),
+    (f"model.d_ff={10**20}", "model.d_ff: 100000000000000000000 does not fit in a 64-bit integer"),
+    (f"model.d_ff={2**40}", "model.d_ff: must be <= 1,048,576"),
 ])
 def test_bad_setting_is_refused_before_anything_is_written(tmp_path, tiny_corpus, capsys, override, message):
     before = snapshot(tmp_path)
@@ -88,6 +97,17 @@ def test_perplexity_on_a_looped_classifier_is_refused(tmp_path, capsys):
     assert not (run_dir / "eval.json").exists()
 
 
+def test_second_ctrl_c_message_says_what_a_rerun_does(trained, tmp_path):
+    run_dir, corpus = trained
+    saved = load_config(None, tiny_overrides(run_dir, corpus))
+    assert train_entry.interrupted_twice(saved).endswith("resume from the checkpoint at step 5")
+    empty = load_config(None, tiny_overrides(tmp_path / "run", corpus))
+    (tmp_path / "run" / "checkpoints" / "3.orbax-checkpoint-tmp").mkdir(parents=True)  # a save cut short
+    message = train_entry.interrupted_twice(empty)
+    assert "no checkpoint of this run directory was ever saved" in message and "resume" not in message
+    assert "resume" not in train_entry.interrupted_twice(None)  # interrupted before the config was built
+
+
 @pytest.fixture
 def tmpfs(tmp_path):
     """A 2 MB tmpfs, unmounted afterwards. Mounting needs root (as CI runs): where it is refused the
@@ -100,6 +120,69 @@ def tmpfs(tmp_path):
         pytest.fail(f"cannot mount a tmpfs for the disk tests (run them as root, as CI does): {result.stderr.strip()}")
     yield mount_point
     subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def _fill(mount_point, *, leave: int = 0):
+    """Fill the file system of ``mount_point`` with one file, then free ``leave`` bytes of it; returns the file."""
+    filler = mount_point / "filler"
+    with open(filler, "wb", buffering=0) as handle:
+        with contextlib.suppress(OSError):
+            while True:
+                handle.write(b"\0" * 65536)
+    with open(filler, "r+b") as handle:
+        handle.truncate(max(filler.stat().st_size - leave, 0))
+    return filler
+
+
+def test_full_disk_while_logging_names_the_file_and_starts_no_writer_thread(tmpfs):
+    run_dir = tmpfs / "run"
+    run_dir.mkdir()
+    import tensorboardX  # noqa: F401  (what importing it registers is not a writer's doing)
+    threads, exit_hooks = threading.active_count(), atexit._ncallbacks()
+    logger = MetricsLogger(run_dir, LogConfig(progress="never", tensorboard=True), total_steps=10**6, start_step=0)
+    # TensorBoard events are written where they are logged: no writer thread to print a traceback of its own,
+    # no exit hook to fail again (and print) after the run's error.
+    assert (threading.active_count(), atexit._ncallbacks()) == (threads, exit_hooks)
+    logger.log(1, {"loss": 1.0, "grad_norm": 0.5})
+    _fill(tmpfs)
+    with pytest.raises(OSError) as raised:
+        for step in range(2, 10**6):
+            logger.log(step, {"loss": 1.0, "grad_norm": 0.5})
+    with contextlib.suppress(OSError):
+        logger.close()
+    named = {str(run_dir / "metrics.jsonl"), *map(str, (run_dir / "tb").iterdir())}
+    assert raised.value.errno == errno.ENOSPC and raised.value.filename in named, raised.value
+
+
+@pytest.mark.slow
+def test_full_disk_while_logging_is_one_error_naming_the_file_and_no_traceback(trained, tmpfs):
+    _, corpus = trained
+    run_dir = tmpfs / "run"
+    _fill(tmpfs, leave=16384)  # room for config.yaml and the first steps' logs
+    overrides = tiny_overrides(run_dir, corpus, train__steps=200, checkpoint__every_steps=1000, log__tensorboard=True)
+    result = subprocess.run([sys.executable, str(ROOT / "train.py"), *overrides], cwd=ROOT, env=subprocess_env(),
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 2, result.stderr[-2000:]
+    one_paragraph_error(result.stderr, "No space left on device", "its disk has space")
+    assert "Traceback" not in result.stderr and "Exception" not in result.stderr
+    named = result.stderr.strip().splitlines()[-1].removeprefix("error: ").split(": ")[0]
+    assert Path(named).parent in (run_dir, run_dir / "tb"), result.stderr
+
+
+@pytest.mark.parametrize("tool", ["eval", "export"])
+def test_full_disk_under_an_eval_or_export_output_names_it_and_leaves_nothing(trained, tmpfs, capsys, tool):
+    run_dir, _ = trained
+    _fill(tmpfs, leave=4096)
+    before = snapshot(run_dir)
+    out = tmpfs / ("results.json" if tool == "eval" else "exported")
+    if tool == "eval":
+        status = eval_entry.main(["--run", str(run_dir), "--max-batches", "1", "--out", str(out)])
+    else:
+        status = export_entry.main(["--run", str(run_dir), "--out", str(out)])
+    assert status == 2
+    one_paragraph_error(capsys.readouterr().err, "No space left on device", str(out))
+    assert sorted(p.name for p in tmpfs.iterdir()) == ["filler"]  # no partial output, no staging folder
+    assert snapshot(run_dir) == before
 
 
 def _remount_read_only(mount_point):

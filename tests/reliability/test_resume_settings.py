@@ -1,5 +1,7 @@
 """Resume refuses settings that would not reproduce the run, unless checkpoint.allow_changes names them."""
 
+import json
+import re
 import shutil
 
 import pytest
@@ -42,8 +44,13 @@ def test_allowed_longer_schedule_resumes_and_says_what_the_learning_rate_does(st
     assert train_entry.main(tiny_overrides(copy, corpus, train__steps=14,
                                            checkpoint__allow_changes="[train.steps]")) == 0
     out = capsys.readouterr().out
-    assert "train.steps 10 -> 14" in out and "at step 11 the learning rate is" in out
+    assert "train.steps 10 -> 14" in out
+    stated = re.search(r"at step 11 the learning rate is (\S+) where the checkpoint's schedule had (\S+)", out)
+    assert stated, out
     assert logged_steps(copy) == list(range(1, 15))
+    logged = {row["step"]: row["learning_rate"] for row in map(json.loads, (copy / "metrics.jsonl").open())}
+    assert float(stated[1]) == float(f"{logged[11]:.4g}")  # the rate step 11 trained with, as logged
+    assert float(stated[1]) != float(stated[2])
 
 
 @pytest.mark.parametrize("allowed, message", [

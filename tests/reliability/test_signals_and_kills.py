@@ -174,5 +174,7 @@ def test_second_sigint_stops_at_once_with_status_130(tmp_path, corpus):
     reader.join(timeout=30)
     err = "".join(lines)
     assert process.returncode == 130, err[-2000:]
-    assert err.strip().splitlines()[-1].startswith("error: interrupted twice") and "Traceback" not in err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: interrupted twice") and "Traceback" not in err
+    assert "no checkpoint of this run directory was ever saved" in last and "resume" not in last  # none was saved
     assert "SIGINT received: stopping after this step" in err

@@ -41,6 +41,30 @@ def test_bad_overrides_name_the_key(override, message):
         load_config(None, [override])
 
 
+@pytest.mark.parametrize("override, message", [
+    (f"model.d_model={10**20}", r"model.d_model: 100000000000000000000 does not fit in a 64-bit integer"),
+    (f"model.swa.window={-10**20}", r"model.swa.window: -100000000000000000000 does not fit in a 64-bit integer"),
+    (f"model.d_model={2**40}", r"model.d_model: must be <= 131,072, got 1,099,511,627,776"),
+    (f"model.vocab_size={2**30}", r"model.vocab_size: must be <= 16,777,216"),
+    (f"model.max_seq_len={2**40}", r"model.max_seq_len: must be <= 134,217,728"),
+    (f"model.d_ff={2**30}", r"model.d_ff: must be <= 1,048,576"),
+    (f"data.seq_len={2**40}", r"data.seq_len: must be <= 134,217,728"),
+    (f"data.needle_key_length={10**12}", r"data.needle_key_length: must be <= 64"),
+    (f"train.steps={2**31}", r"train.steps: must be <= 2,147,483,647"),
+    (f"train.batch_size={2**30}", r"train.batch_size: must be <= 16,777,216"),
+    (f"train.seed={2**32}", r"train.seed: must be <= 4,294,967,295"),
+])
+def test_huge_integers_are_refused_naming_the_key(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, [override])
+
+
+def test_largest_allowed_sizes_are_accepted():
+    config = load_config(None, ["model.d_model=131072", "model.num_heads=1024", "train.steps=2147483647",
+                                "train.seed=4294967295", "model.max_seq_len=134217728"])
+    assert config.model.d_model == 2**17 and config.train.steps == 2**31 - 1
+
+
 def test_a_key_given_twice_is_an_error_on_the_command_line_and_in_yaml(tmp_path):
     with pytest.raises(ConfigError, match="'train.steps' is given twice"):
         load_config(None, ["train.steps=3", "train.steps=4"])
