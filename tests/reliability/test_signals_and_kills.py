@@ -151,8 +151,9 @@ sys.exit(train.main())
 def test_second_sigint_stops_at_once_with_status_130(tmp_path, corpus):
     run_dir = tmp_path / "run"
     overrides = tiny_overrides(run_dir, corpus, train__steps=100000, checkpoint__every_steps=100000)
+    # stdout is not read here: a pipe nobody drains could fill and block the run's last messages
     process = subprocess.Popen([sys.executable, "-c", _HELD_SAVE.format(root=str(ROOT)), *overrides], cwd=ROOT,
-                               env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     lines = []
     reader = threading.Thread(target=lambda: lines.extend(iter(process.stderr.readline, "")), daemon=True)
     reader.start()
