@@ -133,7 +133,16 @@ def assert_split_equals_one_device(config, *, data):
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), grads, expected_grads)
 
 
-@pytest.mark.parametrize("name", context_parallel_mixers())
+# Measured at 20-47 s each on 2 busy cores (the chunked second-order and scan backwards compile slowly); their
+# recurrences are checked in the fast tier at the op level (test_state_passing.py).
+SLOW_MIXERS = {"mamba2", "longhorn", "muonssm_mamba2", "muonssm_gated_deltanet", "muonssm_longhorn"}
+
+
+def by_cost(names):
+    return [pytest.param(name, marks=pytest.mark.slow) if name in SLOW_MIXERS else name for name in names]
+
+
+@pytest.mark.parametrize("name", by_cost(context_parallel_mixers()))
 def test_context_parallel_mixers_match_one_device_on_packed_rows(name):
     assert_split_equals_one_device(model_config(name), data=2)
 
