@@ -26,7 +26,8 @@ incoming state reaches nothing past it, exactly as on one device.
 This follows flash-linear-attention's context parallelism (``fla/ops/cp``: each rank's state from zero
 and its transition, chained in float32, the chain reversed in the backward) and MaxText's Gated DeltaNet
 context parallelism (a ``ppermute`` prefix scan over devices); where fla all-gathers the C pairs and
-chains them on every rank, the scan here moves ``ceil(log2 C) + 1`` pairs per shard instead of C.
+chains them on every rank, the scan here moves ``ceil(log2 C)`` (state, transition) pairs and one
+state per shard instead of C pairs.
 """
 
 from __future__ import annotations

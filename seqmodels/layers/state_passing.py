@@ -26,9 +26,10 @@ from ``S_in_c`` gives the outputs: two kernel passes per shard, the first ``(V +
 is chained as one ``[2K, V]`` state. Two passes, the first ``(V + 2K) / V`` as wide.
 
 Both backwards are autodiff of this program (the kernels are differentiable in their initial state,
-and the scan's ``ppermute`` transposes to the reverse shift). Communication per layer: ceil(log2 C) + 2
-shifts of ``[B, H, K, V]`` float32 (plus ``[B, H, K, K]`` transitions for the delta rule, ``[B, H, K]``
-for the diagonal ones). Documents that start inside a shard cut the chain through their reset log
+and the scan's ``ppermute`` transposes to the reverse shift). Communication per layer and direction:
+ceil(log2 C) rounds each moving one float32 state ``[B, H, K, V]`` (``[B, H, 2K, V]`` for the momentum
+pair) and one transition (``[B, H, K, K]`` for the delta rule, ``[B, H, 2K, 2K]`` for the momentum pair,
+``[B, H, K]`` or ``[B, H]`` for the diagonal ones), then one more state shift. Documents that start inside a shard cut the chain through their reset log
 decay (``seqmodels.layers.segments``), as on one device.
 """
 
