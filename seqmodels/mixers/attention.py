@@ -40,7 +40,7 @@ from seqmodels.layers.attention import (attend, attend_rows, cache_capacity, ini
                                         visibility_mask)
 from seqmodels.layers.attention_projections import AttentionProjections
 from seqmodels.layers.context import sequence_is_split
-from seqmodels.layers.context_attention import gathered_attention
+from seqmodels.layers.context_attention import split_attention
 from seqmodels.layers.conv import ShortConv
 from seqmodels.mixers.registry import register, register_section
 from seqmodels.sharding import constrain
@@ -154,7 +154,7 @@ class Attention(AttentionProjections):
             out = attend(q, keys.astype(q.dtype), values.astype(q.dtype), mask, implementation=self.implementation)
             cache = {**update_kv_cache(cache, k, v, positions, **rule), **conv_cache}
         elif sequence_is_split(length):
-            out = gathered_attention(q, k, v, segment_ids, positions, causal=self.causal,
+            out = split_attention(q, k, v, segment_ids, positions, causal=self.causal,
                                      implementation=self.implementation, **rule)
         else:
             out = attend_rows(q, k, v, segment_ids, positions, causal=self.causal,

@@ -167,3 +167,41 @@ def test_model_kinds_without_a_context_parallel_form_are_refused():
     check_context_parallel_kind(model_config("attention"), 4)
     with pytest.raises(ConfigError, match="mesh.context=4: a looped model \\(model.kind=looped\\) cannot yet run"):
         check_context_parallel_kind(looped, 4)
+
+
+@pytest.mark.parametrize("window, num_sinks, collective", [(None, 0, "all-gather"), (12, 2, "all-gather"),
+                                                           (12, 0, "collective-permute"), (1, 0, None)])
+def test_split_attention_equals_the_whole_row_and_moves_only_a_halo_for_a_window_without_sinks(
+        window, num_sinks, collective):
+    from seqmodels.layers.attention import attend_rows
+    from seqmodels.layers.context_attention import split_attention
+    from seqmodels.models.lm import document_positions
+    keys = jax.random.split(jax.random.key(3), 3)
+    q = jax.random.normal(keys[0], (4, LENGTH, 4, 8))
+    k, v = (jax.random.normal(key, (4, LENGTH, 2, 8)) for key in keys[1:])
+    segments = packed_rows(4)["segment_ids"]
+    positions = document_positions(segments)
+    rule = dict(window=window, num_sinks=num_sinks, causal=True)
+    cotangent = jax.random.normal(jax.random.key(4), q.shape)
+
+    def with_grads(attention):
+        def run(q, k, v, segments, positions):
+            out = attention(q, k, v, segments, positions, implementation="xla", **rule)
+            grads = jax.grad(lambda *qkv: jnp.sum(attention(*qkv, segments, positions, implementation="xla",
+                                                            **rule) * cotangent), argnums=(0, 1, 2))(q, k, v)
+            return out, grads
+        return run
+
+    expected = with_grads(attend_rows)(q, k, v, segments, positions)
+    mesh = context_mesh(4)
+    with jax.set_mesh(mesh):
+        placed = jax.device_put((q, k, v, segments, positions), NamedSharding(mesh, P(None, "context")))
+        run = jax.jit(lambda *args: with_grads(split_attention)(*args)[0])
+        got = jax.jit(with_grads(split_attention))(*placed)
+        program = run.lower(*placed).as_text()
+    # float32 softmax over at most 64 keys, the same sums in another grouping: 1e-5
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5),
+                 got, expected)
+    moved = {name for name in ("all-gather", "collective-permute") if name.replace("-", "_") in program
+             or name in program}
+    assert moved == ({collective} if collective else set()), moved
