@@ -99,6 +99,10 @@ def test_export_py_writes_a_trained_run_that_loads_back_bitwise(tmp_path, capsys
     loaded = nnx.to_pure_dict(nnx.state(load_pretrained(out), nnx.Param))
     for a, b in zip(jax.tree.leaves(expected), jax.tree.leaves(loaded)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    from transformers import AutoTokenizer  # the run's byte tokenizer travels with it
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    assert tokenizer("héllo")["input_ids"] == [256, *"héllo".encode()] and tokenizer.eos_token_id == 257
+    assert json.loads((out / "config.json").read_text())["bos_token_id"] == 256
     (out / "mine.txt").write_text("keep")
     assert export_entry.main(["--run", str(run), "--out", str(out)]) == 2  # an existing directory is kept
     assert "not an empty directory" in capsys.readouterr().err and (out / "mine.txt").read_text() == "keep"
@@ -114,3 +118,19 @@ def test_a_scanned_model_exports_its_layers_one_by_one(tmp_path):
     assert loaded.config == LLAMA  # the exported directory is a plain, unscanned Llama
     unrolled = nnx.to_pure_dict(nnx.state(loaded, nnx.Param))
     jax.tree.map(np.testing.assert_array_equal, unstack_blocks(params, repeats=2), unrolled)
+
+
+def test_a_byte_level_export_carries_its_tokenizer_and_a_smaller_vocabulary_is_refused(tmp_path):
+    from transformers import AutoTokenizer
+
+    from seqmodels.errors import HFFormatError
+    config = dataclasses.replace(LLAMA, vocab_size=258)
+    out = export_model(config, random_params(config), tmp_path / "hf", tokenizer="byte")
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    assert tokenizer("a<bos>")["input_ids"] == [256, *b"a<bos>"]  # the text "<bos>" is its bytes, as in training
+    for name in ("config.json", "generation_config.json"):
+        ids = json.loads((out / name).read_text())
+        assert (ids["bos_token_id"], ids["eos_token_id"], ids["pad_token_id"]) == (256, 257, 257), name
+    with pytest.raises(HFFormatError, match=r"has 258 ids but the model's vocabulary \(model.vocab_size\) is 101"):
+        export_model(LLAMA, random_params(LLAMA), tmp_path / "small", tokenizer="byte")
+    assert not (tmp_path / "small").exists()
