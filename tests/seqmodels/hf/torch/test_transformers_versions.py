@@ -94,7 +94,9 @@ def test_the_export_gives_jax_logits_greedy_tokens_and_byte_ids_under_transforme
     directory, expected = export_and_expected
     python = transformers_environment(version)
     output = _run([str(python), str(CHECK), str(directory), str(expected)], f"the check under transformers {version}")
-    result = json.loads(output.strip().splitlines()[-1])
+    lines = [line for line in output.splitlines() if line.startswith("result: ")]
+    assert len(lines) == 1, output
+    result = json.loads(lines[0][len("result: "):])
     print(f"| {version} | {result['torch']} | {result['max_abs']:.2e} | {result['cached_max_abs']:.2e} | "
           f"{result['greedy_equal']} | {result['padded_generation_equal']} | {result['tokenizer']['ids_equal']} |")
     assert result["transformers"] == version and result["architecture"] == "SeqmodelsForCausalLM"

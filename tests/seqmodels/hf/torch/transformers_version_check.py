@@ -1,6 +1,6 @@
 """Load an export in whatever ``transformers`` this interpreter has and measure it against the JAX model's numbers.
 
-``python transformers_version_check.py DIR EXPECTED.npz`` prints one JSON line: the transformers version, the
+``python transformers_version_check.py DIR EXPECTED.npz`` prints a line ``result: JSON``: the transformers version, the
 class loaded, the max abs difference of the logits (whole rows and decoded from the cache) from the expected
 ones, whether the greedy tokens equal the expected ones, whether a left-padded batch generates what each
 row generates alone, and whether ``AutoTokenizer`` gives the byte-level ids. It imports torch, transformers
@@ -14,6 +14,8 @@ import json
 import sys
 
 import numpy as np
+
+RESULT = "result: "  # the line of stdout that holds the JSON
 
 
 def cache_of(output):
@@ -48,7 +50,8 @@ def padded_generation_matches_rows(model, tokens, new_tokens: int, pad_id: int) 
 
 def tokenizer_ids(directory) -> dict:
     from transformers import AutoTokenizer
-    tokenizer = AutoTokenizer.from_pretrained(directory)
+    # (transformers 5 reads the model's config.json first, which is remote code here: trusted as for the model)
+    tokenizer = AutoTokenizer.from_pretrained(directory, trust_remote_code=True)
     texts = ["Hello, world", "naïve café ☕ \U0001f600", "<bos> stays text\n\ttabs  spaces"]
     encoded = [tokenizer(text)["input_ids"] for text in texts]
     expected = [[tokenizer.bos_token_id, *text.encode("utf-8")] for text in texts]
@@ -83,4 +86,4 @@ def main(directory: str, expected_path: str) -> dict:
 if __name__ == "__main__":
     if len(sys.argv) != 3:
         sys.exit("usage: python transformers_version_check.py EXPORT_DIR EXPECTED.npz")
-    print(json.dumps(main(sys.argv[1], sys.argv[2])))
+    print(RESULT + json.dumps(main(sys.argv[1], sys.argv[2])))
