@@ -28,8 +28,6 @@ one (``CACHE_FIELD``, read from the class, not from a version number); ``forward
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -42,8 +40,7 @@ from .layers import RMSNorm, SwiGLU, mlp_hidden, row_positions
 from .mixers import build_mixer
 
 # the CausalLMOutputWithPast field (and generate's model keyword) that holds the cache in this transformers
-CACHE_FIELD = next(name for name in ("cache", "past_key_values")
-                   if name in {field.name for field in dataclasses.fields(CausalLMOutputWithPast)})
+CACHE_FIELD = next(name for name in ("cache", "past_key_values") if name in CausalLMOutputWithPast.__dataclass_fields__)
 
 
 class Block(nn.Module):

@@ -244,7 +244,7 @@ def test_export_py_exports_a_trained_hybrid_run_and_refuses_bad_steps_and_full_d
     for (path, expected), (_, got) in zip(_leaves(nnx_params(model)), _leaves(nnx_params(load_pretrained(out)))):
         np.testing.assert_array_equal(got, expected, err_msg=path)
     one_device = jax.device_put(jax.device_get(nnx_params(model)), jax.devices()[0])
-    single = export_model(config.model, one_device, tmp_path / "one_device")
+    single = export_model(config.model, one_device, tmp_path / "one_device", tokenizer=config.data.tokenizer)
     for name in sorted(path.name for path in single.iterdir()):
         assert (single / name).read_bytes() == (out / name).read_bytes(), name
     (out / "mine.txt").write_text("keep")
