@@ -15,12 +15,16 @@ from seqmodels.config import ModelConfig
 from seqmodels.hf import load_pretrained
 from seqmodels.hf.export import export_model
 from seqmodels.mixers.attention import AttentionConfig
+from seqmodels.mixers.mamba2 import Mamba2Config
 from seqmodels.models import build_model
 
 LLAMA = ModelConfig(vocab_size=101, d_model=64, num_heads=4, mixers=("attention",) * 2, d_ff=96,
                     tie_embeddings=False, norm_eps=1e-5, attention=AttentionConfig(num_kv_heads=2, rope_theta=5e3))
 QWEN2 = dataclasses.replace(LLAMA, tie_embeddings=True,
                             attention=dataclasses.replace(LLAMA.attention, qkv_bias=True))
+# num_heads = the mixer's heads (expand d_model / head_dim), so the config reads back equal
+MAMBA2 = ModelConfig(vocab_size=101, d_model=64, num_heads=4, mixers=("mamba2",) * 2, mlp=False, tie_embeddings=False,
+                     norm_eps=1e-5, mamba2=Mamba2Config(state_dim=16, expand=2, head_dim=32, conv_kernel=4))
 
 
 def random_params(config: ModelConfig, seed: int = 0) -> dict:
@@ -134,3 +138,44 @@ def test_a_byte_level_export_carries_its_tokenizer_and_a_smaller_vocabulary_is_r
     with pytest.raises(HFFormatError, match=r"has 258 ids but the model's vocabulary \(model.vocab_size\) is 101"):
         export_model(LLAMA, random_params(LLAMA), tmp_path / "small", tokenizer="byte")
     assert not (tmp_path / "small").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tied", [False, True])
+def test_a_mamba2_export_is_transformers_mamba2_with_jax_logits_and_greedy_tokens(tmp_path, tied):
+    import torch
+    import transformers
+
+    from seqmodels.models.lm import generate
+    config = dataclasses.replace(MAMBA2, tie_embeddings=tied)
+    params = random_params(config)
+    out = export_model(config, params, tmp_path / "hf")
+    hf_config = json.loads((out / "config.json").read_text())
+    assert hf_config["architectures"] == ["Mamba2ForCausalLM"] and not (out / "modeling_seqmodels.py").exists()
+    torch.set_num_threads(1)
+    reference = transformers.AutoModelForCausalLM.from_pretrained(out).eval()  # no remote code
+    assert type(reference).__name__ == "Mamba2ForCausalLM"
+    tokens = np.random.default_rng(0).integers(0, config.vocab_size, size=(2, 40))
+    with torch.no_grad():
+        expected = reference(torch.as_tensor(tokens)).logits.numpy()
+        greedy = reference.generate(torch.as_tensor(tokens[:, :8]), attention_mask=torch.ones((2, 8), dtype=torch.long),
+                                    max_new_tokens=16, do_sample=False).numpy()
+    model = nnx.merge(nnx.split(build_model(config))[0], params)
+    logits, _ = model(tokens)
+    print(f"Mamba2ForCausalLM (tied {tied}): max abs logit diff {np.abs(np.asarray(logits) - expected).max():.2e}, "
+          f"logit scale {np.abs(expected).max():.2f}")
+    assert float(np.abs(expected).max()) > 1.0
+    np.testing.assert_allclose(np.asarray(logits), expected, atol=1e-4, rtol=0)
+    np.testing.assert_array_equal(greedy, np.asarray(generate(model, tokens[:, :8], 16)[0]))
+    loaded = load_pretrained(out)
+    assert loaded.config == config
+    jax.tree.map(np.testing.assert_array_equal, params, nnx.to_pure_dict(nnx.state(loaded, nnx.Param)))
+
+
+@pytest.mark.parametrize("change", [
+    pytest.param(dict(mlp=True), id="mlp"), pytest.param(dict(mixers=("mamba2", "swa")), id="hybrid"),
+    pytest.param(dict(mamba2=Mamba2Config(head_dim=32, gated_norm="per_head_before_gate")), id="per_head_norm")])
+def test_a_mamba2_the_reference_layout_cannot_hold_exports_with_its_own_modules(tmp_path, change):
+    config = dataclasses.replace(MAMBA2, **change)
+    out = export_model(config, random_params(config), tmp_path / "hf")
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["SeqmodelsForCausalLM"]
