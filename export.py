@@ -3,7 +3,9 @@
 
 A Transformer++ run (every layer ``attention``, SwiGLU MLPs, no q/k norm or convolution) becomes a
 plain ``LlamaForCausalLM`` (``Qwen2ForCausalLM`` with ``model.attention.qkv_bias``) that
-``transformers.AutoModelForCausalLM.from_pretrained(DIR)`` loads with no remote code. Every other
+``transformers.AutoModelForCausalLM.from_pretrained(DIR)`` loads with no remote code; so does a Mamba2 run
+in the reference layout (every layer ``mamba2``, no MLP, the gated norm over all heads), as
+``Mamba2ForCausalLM``. Every other
 architecture (any ``model.mixers`` list, the looped model, AHN: the frozen base's weights with the
 compressors') becomes ``model_type: seqmodels`` with its own pure-PyTorch modules in the directory,
 loaded with ``trust_remote_code=True`` (``AutoModelForCausalLM``; the looped model:

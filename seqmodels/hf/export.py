@@ -3,6 +3,8 @@
 - ``llama``: Transformer++ (every layer ``attention``, SwiGLU, no q/k norm or convolution) as a plain
   ``LlamaForCausalLM`` (``Qwen2ForCausalLM`` with q/k/v biases) that ``transformers`` loads with no
   remote code (``seqmodels.hf.llama``).
+- ``mamba2``: a Mamba2 LM in the reference layout (every layer ``mamba2``, no MLP, the gated norm over all
+  heads) as transformers' own ``Mamba2ForCausalLM`` (``seqmodels.hf.mamba2``).
 - ``seqmodels``: every other architecture (AHN included) as ``model_type: seqmodels`` with its own PyTorch
   modules (``seqmodels.hf.remote_code``; loaded with ``trust_remote_code=True``).
 
