@@ -82,3 +82,18 @@ def test_a_mask_of_the_wrong_shape_is_refused_naming_the_expected_one(tmp_path):
     model = load_torch(export_model(config, random_params(config), tmp_path / "hf"))
     with pytest.raises(ValueError, match=r"attention_mask must be \[batch, columns\] with batch 2 and at least 5"):
         model(torch.zeros((2, 5), dtype=torch.long), attention_mask=torch.ones((2, 3), dtype=torch.long))
+
+
+def test_the_looped_classifier_refuses_padding_and_says_why(tmp_path):
+    """Its layout ``[BOS] w [PAD] x P(N) [CLS]`` and its loop count follow each row's length N."""
+    import torch
+    from export_parity import looped_config
+
+    from seqmodels.hf.export import export_model
+    config = looped_config("looped_cfl")
+    model = load_torch(export_model(config, random_params(config), tmp_path / "hf"),
+                       "AutoModelForSequenceClassification")
+    ids = torch.tensor([[5, 7, 8, 2], [5, 7, 2, 0]])
+    with pytest.raises(ValueError, match="the looped model takes plain rows only"):
+        model(ids, attention_mask=torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]]))
+    assert model(ids[:1], attention_mask=torch.ones((1, 4), dtype=torch.long)).logits.shape == (1, 2)

@@ -1,7 +1,7 @@
 """A ``model_type: seqmodels`` export loads and runs alike under every transformers version in ``VERSIONS``.
 
-One export (``[swa, gated_deltanet, mamba2]`` with the byte-level tokenizer) and the JAX model's logits and
-greedy tokens are made once per test process; each version runs ``transformers_version_check.py`` in an
+One causal export (``[swa, gated_deltanet, mamba2]`` with the byte-level tokenizer) and one looped classifier,
+with the JAX models' logits (and greedy tokens) are made once per test process; each version runs ``transformers_version_check.py`` in an
 environment of its own: a venv under ``TRANSFORMERS_ENVS`` (the repository's ``.cache/``, kept between runs)
 with ``pip install transformers==X`` and whatever of its dependencies the version pins differently, on
 top of this venv's packages (a ``.pth`` file adds this venv's site-packages after its own, so torch is
@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from export_parity import BASE_CONFIG, LENGTH, LOGIT_TOLERANCE, NEW_TOKENS, PROMPT, jax_logits, jax_model, \
-    random_params, tiny_config
+    looped_config, random_params, tiny_config
 
 ROOT = Path(__file__).resolve().parents[4]
 CHECK = Path(__file__).with_name("transformers_version_check.py")
@@ -85,22 +85,31 @@ def export_and_expected(tmp_path_factory):
     np.savez(expected, tokens=tokens, logits=np.asarray(jax_logits(model, jnp.asarray(tokens))),
              greedy=np.asarray(generate(model, tokens[:, :PROMPT], NEW_TOKENS)[0]), prompt=PROMPT,
              new_tokens=NEW_TOKENS, pad_id=257)
-    return directory, expected
+    config = looped_config("looped_cfl")
+    params = random_params(config, noise=0.2)
+    looped = export_model(config, params, directory.parent / "looped")
+    rows = np.concatenate([np.full((4, 1), 5), np.random.default_rng(1).integers(6, 26, size=(4, 6)),
+                           np.full((4, 1), 2)], axis=1)  # [BOS] w [CLS]
+    looped_expected = directory.parent / "looped.npz"
+    np.savez(looped_expected, tokens=rows, logits=np.asarray(jax_logits(jax_model(config, params), jnp.asarray(rows))))
+    return directory, expected, looped, looped_expected
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("version", VERSIONS)
 def test_the_export_gives_jax_logits_greedy_tokens_and_byte_ids_under_transformers(version, export_and_expected):
-    directory, expected = export_and_expected
     python = transformers_environment(version)
-    output = _run([str(python), str(CHECK), str(directory), str(expected)], f"the check under transformers {version}")
+    output = _run([str(python), str(CHECK), *map(str, export_and_expected)], f"the check under transformers {version}")
     lines = [line for line in output.splitlines() if line.startswith("result: ")]
     assert len(lines) == 1, output
     result = json.loads(lines[0][len("result: "):])
     print(f"| {version} | {result['torch']} | {result['max_abs']:.2e} | {result['cached_max_abs']:.2e} | "
-          f"{result['greedy_equal']} | {result['padded_generation_equal']} | {result['tokenizer']['ids_equal']} |")
+          f"{result['greedy_equal']} | {result['padded_generation_equal']} | {result['tokenizer']['ids_equal']} | "
+          f"{result['looped']['max_abs']:.2e} |")
     assert result["transformers"] == version and result["architecture"] == "SeqmodelsForCausalLM"
     assert result["max_abs"] < LOGIT_TOLERANCE and result["cached_max_abs"] < LOGIT_TOLERANCE, result
     assert result["greedy_equal"] and result["padded_generation_equal"], result
     assert result["tokenizer"] == {"ids_equal": True, "decoded_equal": True, "bos_id": 256, "eos_id": 257,
                                    "class": result["tokenizer"]["class"]}, result
+    assert result["looped"]["architecture"] == "SeqmodelsLoopedForSequenceClassification"
+    assert result["looped"]["max_abs"] < LOGIT_TOLERANCE, result["looped"]

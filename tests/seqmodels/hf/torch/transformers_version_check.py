@@ -1,9 +1,10 @@
 """Load an export in whatever ``transformers`` this interpreter has and measure it against the JAX model's numbers.
 
-``python transformers_version_check.py DIR EXPECTED.npz`` prints a line ``result: JSON``: the transformers version, the
-class loaded, the max abs difference of the logits (whole rows and decoded from the cache) from the expected
+``python transformers_version_check.py DIR EXPECTED.npz [LOOPED_DIR LOOPED.npz]`` prints a line ``result: JSON``:
+the transformers version, the class loaded, the max abs difference of the logits (whole rows and decoded from the cache) from the expected
 ones, whether the greedy tokens equal the expected ones, whether a left-padded batch generates what each
-row generates alone, and whether ``AutoTokenizer`` gives the byte-level ids. It imports torch, transformers
+row generates alone, and whether ``AutoTokenizer`` gives the byte-level ids; with a looped export, the
+max abs difference of its vocabulary logits (``AutoModelForSequenceClassification``) from the expected. It imports torch, transformers
 and numpy only (no seqmodels, no JAX): it runs in the test's separate environments, one per transformers
 version (``test_transformers_versions.py``).
 """
@@ -83,7 +84,21 @@ def main(directory: str, expected_path: str) -> dict:
             "tokenizer": tokenizer_ids(directory)}
 
 
+def looped(directory: str, expected_path: str) -> dict:
+    import torch
+    import transformers
+    expected = np.load(expected_path)
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(directory, trust_remote_code=True).eval()
+    with torch.no_grad():
+        output = model(torch.as_tensor(expected["tokens"]))
+    return {"architecture": type(model).__name__,
+            "max_abs": float(np.abs(output["vocab_logits"].numpy() - expected["logits"]).max())}
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
-        sys.exit("usage: python transformers_version_check.py EXPORT_DIR EXPECTED.npz")
-    print(RESULT + json.dumps(main(sys.argv[1], sys.argv[2])))
+    if len(sys.argv) not in (3, 5):
+        sys.exit("usage: python transformers_version_check.py EXPORT_DIR EXPECTED.npz [LOOPED_DIR LOOPED.npz]")
+    result = main(sys.argv[1], sys.argv[2])
+    if len(sys.argv) == 5:
+        result["looped"] = looped(sys.argv[3], sys.argv[4])
+    print(RESULT + json.dumps(result))
