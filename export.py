@@ -12,9 +12,10 @@ loaded with ``trust_remote_code=True`` (``AutoModelForCausalLM``; the looped mod
 ``AutoModelForSequenceClassification``). Either way:
 ``config.json``, ``model.safetensors`` (sharded with an index above 2 GB), ``generation_config.json``,
 and the run's tokenizer (``AutoTokenizer.from_pretrained(DIR)``): the files of ``data.tokenizer: hf:DIR``,
-or the byte-level tokenizer's own ``tokenizer.json``; a run on a generated task carries none. ``--out`` must not exist or be
-empty unless ``--force``, which replaces an earlier export only (never a directory holding a run, a
-checkpoint, this repository or the working directory); nothing is written when the export fails.
+or the byte-level tokenizer's own ``tokenizer.json``; a run on a generated task carries none.
+``--out`` must not exist or be empty unless ``--force``, which replaces an earlier export only (never a
+directory holding a run, a checkpoint, this repository or the working directory); nothing is written
+when the export fails.
 """
 
 from __future__ import annotations

@@ -151,7 +151,8 @@ def write_byte_level_tokenizer(directory, *, bos_id: int, eos_id: int) -> None:
         if tokenizer.token_to_id(name) != token_id:
             raise ValueError(f"{name} was given id {tokenizer.token_to_id(name)}, expected {token_id}")
     tokenizer.post_processor = processors.TemplateProcessing(
-        single=f"{names['bos']} $A", pair=f"{names['bos']} $A {names['bos']} $B", special_tokens=[(names["bos"], bos_id)])
+        single=f"{names['bos']} $A", pair=f"{names['bos']} $A {names['bos']} $B",
+        special_tokens=[(names["bos"], bos_id)])
     tokenizer.save(str(directory / "tokenizer.json"))
     settings = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": names["bos"], "eos_token": names["eos"],
                 "pad_token": names["eos"], "split_special_tokens": True, "clean_up_tokenization_spaces": False,

@@ -7,9 +7,10 @@
 A directory's format is the one whose ``MODEL_TYPES`` hold its ``config.json``'s ``model_type`` (a
 config.json without one is read as Llama, as older Hugging Face checkpoints are); a model is written in
 the first format of ``FORMATS`` that takes it, so Transformer++ stays a plain Llama, a reference-layout
-Mamba2 a plain Mamba2, and everything else brings its own modules. GGUF files come in through ``seqmodels.hf.gguf``, which converts them into the
-Llama format. Export (``seqmodels.hf.export``), ``load_pretrained`` and the bases that a model starts
-from (``model.init_from``, ``model.ahn.base``: ``seqmodels.hf.base``) all go through here.
+Mamba2 a plain Mamba2, and everything else brings its own modules. GGUF files come in through
+``seqmodels.hf.gguf``, which converts them into the Llama format. Export (``seqmodels.hf.export``),
+``load_pretrained`` and the bases that a model starts from (``model.init_from``, ``model.ahn.base``:
+``seqmodels.hf.base``) all go through here.
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ initialisation fields (``time_step_min`` / ``max`` / ``floor``) only shape a fre
 
 The tensors, per layer ``i`` (``backbone.layers.{i}.`` in Hugging Face, ``blocks/{i}/`` here)::
 
-    mixer.in_proj.weight [2 H P + 2 N + H, D] = rows of  gate | x_proj [D, H, P] | b_proj | c_proj [D, N] | dt_proj [D, H]
-    mixer.conv1d.weight  [H P + 2 N, 1, K]    = channels of  x_conv | b_conv | c_conv  (weight [K, C] -> [C, 1, K] flipped)
+    mixer.in_proj.weight [2 H P + 2 N + H, D]  rows: gate | x_proj [D, H, P] | b_proj | c_proj [D, N] | dt_proj [D, H]
+    mixer.conv1d.weight  [H P + 2 N, 1, K]     channels: x_conv | b_conv | c_conv   (each [K, C] -> [C, 1, K], flipped)
     mixer.conv1d.bias    [H P + 2 N]          = x_conv | b_conv | c_conv biases
     mixer.dt_bias, mixer.A_log, mixer.D [H]   = dt_bias, a_log, skip
     mixer.norm.weight [H P] = norm/scale;   mixer.out_proj.weight [D, H P] = out/kernel [H, P, D] reshaped, transposed
@@ -186,8 +186,11 @@ def read_config(hf: dict, source: str, base: ModelConfig | None = None) -> Model
 def read_params(directory: Path, config: ModelConfig) -> dict:
     """The float32 parameter dict of the ``Mamba2ForCausalLM`` checkpoint in ``directory`` for ``config``."""
     _, abstract_state = abstract_model(config)
-    tied_head = lambda name: config.tie_embeddings and name == "lm_head.weight"  # noqa: E731 (a saved tied copy)
-    return fill_params(directory, tensor_rules(config), nnx.to_pure_dict(abstract_state), tied_head)
+
+    def tied_copy(name: str) -> bool:  # a tied head's copy that a checkpoint may hold
+        return config.tie_embeddings and name == "lm_head.weight"
+
+    return fill_params(directory, tensor_rules(config), nnx.to_pure_dict(abstract_state), tied_copy)
 
 
 def write(directory: Path, config: ModelConfig, params: dict, *, dtype: str, token_ids: dict,

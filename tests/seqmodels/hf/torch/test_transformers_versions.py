@@ -1,11 +1,12 @@
 """A ``model_type: seqmodels`` export loads and runs alike under every transformers version in ``VERSIONS``.
 
-One causal export (``[swa, gated_deltanet, mamba2]`` with the byte-level tokenizer) and one looped classifier,
-with the JAX models' logits (and greedy tokens) are made once per test process; each version runs ``transformers_version_check.py`` in an
-environment of its own: a venv under ``TRANSFORMERS_ENVS`` (the repository's ``.cache/``, kept between runs)
-with ``pip install transformers==X`` and whatever of its dependencies the version pins differently, on
-top of this venv's packages (a ``.pth`` file adds this venv's site-packages after its own, so torch is
-this one's and is not downloaded). A failed install fails the test with the command that failed.
+One causal export (``[swa, gated_deltanet, mamba2]`` with the byte-level tokenizer) and one looped
+classifier, with the JAX models' logits (and greedy tokens), are made once per test process; each version
+runs ``transformers_version_check.py`` in an environment of its own: a venv under ``TRANSFORMERS_ENVS``
+(the repository's ``.cache/``, kept between runs) with ``pip install transformers==X`` and whatever of
+its dependencies the version pins differently, on top of this venv's packages (a ``.pth`` file adds this
+venv's site-packages after its own, so torch is this one's and is not downloaded). A failed install
+fails the test with the command that failed.
 """
 
 from __future__ import annotations

@@ -1,12 +1,13 @@
 """Load an export in whatever ``transformers`` this interpreter has and measure it against the JAX model's numbers.
 
 ``python transformers_version_check.py DIR EXPECTED.npz [LOOPED_DIR LOOPED.npz]`` prints a line ``result: JSON``:
-the transformers version, the class loaded, the max abs difference of the logits (whole rows and decoded from the cache) from the expected
-ones, whether the greedy tokens equal the expected ones, whether a left-padded batch generates what each
-row generates alone, and whether ``AutoTokenizer`` gives the byte-level ids; with a looped export, the
-max abs difference of its vocabulary logits (``AutoModelForSequenceClassification``) from the expected. It imports torch, transformers
-and numpy only (no seqmodels, no JAX): it runs in the test's separate environments, one per transformers
-version (``test_transformers_versions.py``).
+the transformers version, the class loaded, the max abs difference of the logits (whole rows and decoded
+from the cache) from the expected ones, whether the greedy tokens equal the expected ones, whether a
+left-padded batch generates what each row generates alone, and whether ``AutoTokenizer`` gives the
+byte-level ids; with a looped export, the max abs difference of its vocabulary logits
+(``AutoModelForSequenceClassification``) from the expected ones. It imports torch, transformers and numpy
+only (no seqmodels, no JAX): it runs in the test's separate environments, one per transformers version
+(``test_transformers_versions.py``).
 """
 
 from __future__ import annotations
