@@ -87,6 +87,14 @@ def _shift_forward(x: jax.Array, shift: int, shards: int) -> jax.Array:
     return jax.lax.ppermute(x, SEQUENCE_AXIS, [(c, c + shift) for c in range(shards - shift)])
 
 
+def pass_along(x: jax.Array, shards: int, *, cyclic: bool) -> jax.Array:
+    """Inside ``context_map``: shard c receives shard c - 1's ``x`` (one ``ppermute``): a ring step. With
+    ``cyclic`` shard 0 receives the last shard's ``x``, else zeros."""
+    if not cyclic:
+        return _shift_forward(x, 1, shards)
+    return jax.lax.ppermute(x, SEQUENCE_AXIS, [(c, (c + 1) % shards) for c in range(shards)])
+
+
 def previous_tail(x: jax.Array, width: int, shards: int) -> jax.Array:
     """Inside ``context_map``: the previous shard's last ``width`` tokens of ``x [B, T_local, ...]``
     (zeros on shard 0): the halo of a window reaching ``width`` tokens back."""

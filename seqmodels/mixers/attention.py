@@ -16,7 +16,8 @@ recurrent mixers have the same convolution); decoding keeps the last ``K - 1`` p
 Keys/values may have fewer heads than queries (grouped-query attention, ``num_kv_heads``); which
 keys are visible is the rule of ``seqmodels.layers.attention``. Transformer++ is this mixer in every
 layer, each followed by a SwiGLU MLP, pre-RMSNorm. With the sequence split over ``mesh.context``
-every shard's queries attend to the gathered keys (``seqmodels.layers.context_attention``).
+every shard's queries attend to the gathered keys, or to key blocks passed round a ring
+(``model.attention.context_impl``), a sliding window to a halo (``seqmodels.layers.context_attention``).
 
 FLOPs per token (forward): projections ``2 D (2 H Dh + 2 Hkv Dh)`` (plus ``2 K (H + 2 Hkv) Dh`` for
 the convolution) plus scores and values
@@ -61,6 +62,11 @@ class AttentionConfig:
         "(explicit [T, T] mask), cudnn, splash (TPU), flash (Pallas Triton with segment ids, GPU), banded "
         "(sliding window + sinks in linear memory, plain XLA, swa only); splash and flash run in interpret "
         "mode on CPU", "auto")
+    context_impl: Literal["gather", "ring"] = describe(
+        "causal full attention over rows split by mesh.context: gather (each shard all-gathers the row's keys and "
+        "values: [T / C, T] scores per shard) or ring (key/value blocks pass shard to shard in C - 1 ppermute "
+        "rounds under an online softmax: [T / C, T / C] scores per round); sliding windows take a halo under "
+        "either", "gather")
     conv_kernel: int = describe("width of a short causal depthwise convolution over q, k, v; 0 = none", 0)
     causal: bool = describe("causal (a query sees keys up to itself) or bidirectional (every key of its segment); "
                             "the looped model sets it from model.looped.attention", True)
@@ -111,6 +117,7 @@ class Attention(AttentionProjections):
     def __init__(self, config: ModelConfigBase, *, window: int | None, num_sinks: int, rngs: nnx.Rngs):
         super().__init__(config, rngs=rngs)
         self.window, self.num_sinks, self.causal = window, num_sinks, config.attention.causal
+        self.context_impl = config.attention.context_impl
         if window is not None and not self.causal:
             raise ConfigError("model.attention.causal = false is bidirectional full attention; the sliding-window "
                               "mixer (swa) is causal only")
@@ -155,7 +162,7 @@ class Attention(AttentionProjections):
             cache = {**update_kv_cache(cache, k, v, positions, **rule), **conv_cache}
         elif sequence_is_split(length):
             out = split_attention(q, k, v, segment_ids, positions, causal=self.causal,
-                                     implementation=self.implementation, **rule)
+                                  implementation=self.implementation, context_impl=self.context_impl, **rule)
         else:
             out = attend_rows(q, k, v, segment_ids, positions, causal=self.causal,
                               implementation=self.implementation, **rule)

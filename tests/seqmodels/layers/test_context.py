@@ -16,7 +16,7 @@ from seqmodels.layers.context import context_map, incoming_states, matrix_apply,
 from seqmodels.layers.conv import ShortConv
 from seqmodels.mixers import MIXERS, check_context_parallel
 from seqmodels.mixers.deltanet import DeltaNetConfig
-from seqmodels.mixers.attention import SlidingWindowConfig
+from seqmodels.mixers.attention import AttentionConfig, SlidingWindowConfig
 from seqmodels.mixers.mamba2 import Mamba2Config
 from seqmodels.mixers.registry import context_parallel_mixers
 from seqmodels.sharding import batch_sharding, make_mesh
@@ -147,6 +147,10 @@ def test_context_parallel_mixers_match_one_device_on_packed_rows(name):
     assert_split_equals_one_device(model_config(name), data=2)
 
 
+def test_attention_by_ring_matches_one_device_on_packed_rows():
+    assert_split_equals_one_device(model_config("attention", attention=AttentionConfig(context_impl="ring")), data=2)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", context_parallel_mixers())
 def test_context_parallel_mixers_match_one_device_scanned_and_rematerialised(name):
@@ -169,10 +173,19 @@ def test_model_kinds_without_a_context_parallel_form_are_refused():
         check_context_parallel_kind(looped, 4)
 
 
-@pytest.mark.parametrize("window, num_sinks, collective", [(None, 0, "all-gather"), (12, 2, "all-gather"),
-                                                           (12, 0, "collective-permute"), (1, 0, None)])
-def test_split_attention_equals_the_whole_row_and_moves_only_a_halo_for_a_window_without_sinks(
-        window, num_sinks, collective):
+# (window, num_sinks, context_impl, what crosses devices): "gather-row" an all-gather of the whole row,
+# "gather-sinks" an all-gather of C * num_sinks sink tokens, "permute" ppermutes (halo or ring).
+SPLIT_FORMS = [(None, 0, "gather", {"gather-row"}), (None, 0, "ring", {"permute"}),
+               (12, 2, "gather", {"permute", "gather-sinks"}), (12, 2, "ring", {"permute", "gather-sinks"}),
+               (4, 3, "gather", {"permute", "gather-sinks"}), (17, 1, "gather", {"permute", "gather-sinks"}),
+               (24, 2, "gather", {"gather-row"}), (12, 0, "gather", {"permute"}), (1, 0, "gather", set())]
+
+
+@pytest.mark.parametrize("window, num_sinks, context_impl, moved", SPLIT_FORMS)
+def test_split_attention_equals_the_whole_row_and_moves_only_what_its_form_needs(window, num_sinks,
+                                                                                  context_impl, moved):
+    """Rows of ``packed_rows``: documents that start inside a shard and ones that span three and four shards
+    (row 0's second document covers tokens 10-34, whose queries in shard 2 see its sinks in shard 0)."""
     from seqmodels.layers.attention import attend_rows
     from seqmodels.layers.context_attention import split_attention
     from seqmodels.models.lm import document_positions
@@ -184,24 +197,61 @@ def test_split_attention_equals_the_whole_row_and_moves_only_a_halo_for_a_window
     rule = dict(window=window, num_sinks=num_sinks, causal=True)
     cotangent = jax.random.normal(jax.random.key(4), q.shape)
 
-    def with_grads(attention):
+    def with_grads(attention, **form):
         def run(q, k, v, segments, positions):
-            out = attention(q, k, v, segments, positions, implementation="xla", **rule)
+            out = attention(q, k, v, segments, positions, implementation="xla", **rule, **form)
             grads = jax.grad(lambda *qkv: jnp.sum(attention(*qkv, segments, positions, implementation="xla",
-                                                            **rule) * cotangent), argnums=(0, 1, 2))(q, k, v)
+                                                            **rule, **form) * cotangent), argnums=(0, 1, 2))(q, k, v)
             return out, grads
         return run
 
     expected = with_grads(attend_rows)(q, k, v, segments, positions)
     mesh = context_mesh(4)
+    split = with_grads(split_attention, context_impl=context_impl)
     with jax.set_mesh(mesh):
         placed = jax.device_put((q, k, v, segments, positions), NamedSharding(mesh, P(None, "context")))
-        run = jax.jit(lambda *args: with_grads(split_attention)(*args)[0])
-        got = jax.jit(with_grads(split_attention))(*placed)
-        program = run.lower(*placed).as_text()
+        got = jax.jit(split)(*placed)
+        program = jax.jit(lambda *args: split(*args)[0]).lower(*placed).as_text()
     # float32 softmax over at most 64 keys, the same sums in another grouping: 1e-5
     jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5),
                  got, expected)
-    moved = {name for name in ("all-gather", "collective-permute") if name.replace("-", "_") in program
-             or name in program}
-    assert moved == ({collective} if collective else set()), moved
+    gathers = [line for line in program.splitlines() if "all_gather" in line and "->" in line]
+    found = {"gather-row" if f"4x{LENGTH}x2x8" in line else "gather-sinks" for line in gathers if "x2x8" in line}
+    found |= {"permute"} if "collective_permute" in program else set()
+    assert found == moved, (found, gathers)
+
+
+def test_split_attention_by_ring_equals_the_whole_row_bidirectional_and_on_8_shards():
+    from seqmodels.layers.attention import attend_rows
+    from seqmodels.layers.context_attention import split_attention
+    from seqmodels.models.lm import document_positions
+    keys = jax.random.split(jax.random.key(5), 3)
+    q = jax.random.normal(keys[0], (2, LENGTH, 4, 8))
+    k, v = (jax.random.normal(key, (2, LENGTH, 1, 8)) for key in keys[1:])
+    segments = packed_rows(2)["segment_ids"]
+    positions = document_positions(segments)
+    for shards, causal in [(4, False), (8, True)]:
+        expected = attend_rows(q, k, v, segments, positions, window=None, num_sinks=0, causal=causal,
+                               implementation="xla")
+        mesh = context_mesh(shards)
+        with jax.set_mesh(mesh):
+            placed = jax.device_put((q, k, v, segments, positions), NamedSharding(mesh, P(None, "context")))
+            got = jax.jit(lambda *args: split_attention(*args, window=None, num_sinks=0, causal=causal,
+                                                        implementation="xla", context_impl="ring"))(*placed)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(expected), rtol=1e-5, atol=1e-5)
+
+
+def test_split_attention_refuses_an_unknown_context_impl():
+    from seqmodels.layers.context_attention import split_attention
+    x = jnp.zeros((1, LENGTH, 1, 8))
+    with pytest.raises(ValueError, match="model.attention.context_impl must be one of"):
+        split_attention(x, x, x, None, jnp.zeros((1, LENGTH), jnp.int32), window=None, num_sinks=0, causal=True,
+                        context_impl="tree")
+    with pytest.raises(ConfigError, match="model.attention.context_impl"):
+        AttentionConfig(context_impl="tree")
+
+
+def test_context_impl_is_listed_by_help_config():
+    from seqmodels.config_io import help_text
+    assert any(line.startswith("model.attention.context_impl = 'gather'") and "ring" in line
+               for line in help_text().splitlines())
