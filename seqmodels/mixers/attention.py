@@ -65,8 +65,8 @@ class AttentionConfig:
     context_impl: Literal["gather", "ring"] = describe(
         "causal full attention over rows split by mesh.context: gather (each shard all-gathers the row's keys and "
         "values: [T / C, T] scores per shard) or ring (key/value blocks pass shard to shard in C - 1 ppermute "
-        "rounds under an online softmax: [T / C, T / C] scores per round); sliding windows take a halo under "
-        "either", "gather")
+        "rounds under an online softmax: [T / C, T / C] scores per round); a sliding window takes a halo under "
+        "either (when window - 1 <= T / C)", "gather")
     conv_kernel: int = describe("width of a short causal depthwise convolution over q, k, v; 0 = none", 0)
     causal: bool = describe("causal (a query sees keys up to itself) or bidirectional (every key of its segment); "
                             "the looped model sets it from model.looped.attention", True)

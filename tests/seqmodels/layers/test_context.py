@@ -152,6 +152,12 @@ def test_attention_by_ring_matches_one_device_on_packed_rows():
 
 
 @pytest.mark.slow
+def test_attention_by_ring_matches_one_device_scanned_and_rematerialised():
+    assert_split_equals_one_device(model_config("attention", attention=AttentionConfig(context_impl="ring"),
+                                                scan_layers=True, remat="full"), data=1)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("name", context_parallel_mixers())
 def test_context_parallel_mixers_match_one_device_scanned_and_rematerialised(name):
     assert_split_equals_one_device(model_config(name, scan_layers=True, remat="full"), data=1)
