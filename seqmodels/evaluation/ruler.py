@@ -33,7 +33,7 @@ import numpy as np
 from seqmodels.config_base import ConfigError
 from seqmodels.data.document_split import load_documents
 from seqmodels.data.heldout_sample import sample_order
-from seqmodels.data.ruler_tasks import DEPTH_TASKS, TASKS, essay_sentences, ruler_examples
+from seqmodels.data.ruler_tasks import DEPTH_TASKS, NIAH, TASKS, essay_sentences, ruler_examples
 from seqmodels.data.sources import get_source
 from seqmodels.data.tokenizers import get_tokenizer
 from seqmodels.evaluation.intervals import bootstrap_interval
@@ -138,8 +138,7 @@ def evaluate_ruler(model, config, *, tasks=TASKS, lengths, depths=(0.0, 0.25, 0.
     max_seq_len = model.config.max_seq_len
     fitting = check_ruler_settings(tasks, lengths, depths, per_depth, max_seq_len)
     tokenizer = get_tokenizer(config.data.tokenizer)
-    needs_text = any(t in ("niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multivalue",
-                           "niah_multiquery") for t in tasks)
+    needs_text = any(t in NIAH and NIAH[t].haystack == "essay" for t in tasks)
     sentences = haystack_sentences(config.data, seed, HAYSTACK_TOKENS_PER_LENGTH * max(fitting)) if needs_text else []
     results = {}
     for task in tasks:
