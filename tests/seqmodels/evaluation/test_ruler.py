@@ -75,3 +75,14 @@ def test_the_suite_runs_on_a_recurrent_hybrid_and_reports_every_cell(stdlib_conf
     with pytest.raises(ConfigError, match="unknown or no task"):
         evaluate_ruler(model, stdlib_config, tasks=["niah"], lengths=[640], per_depth=1)
     assert np.isfinite(cell["max_new_tokens"])
+
+
+def test_the_suite_decodes_an_ahn_model_with_its_bounded_cache(tmp_path, stdlib_config):
+    from tests.seqmodels.models.ahn_fixtures import ahn_model, write_tiny_base
+    base_dir, base_config, _ = write_tiny_base(tmp_path / "base", vocab_size=258)
+    model, _ = ahn_model(base_dir, base_config, window=32, sinks=4, random_readout=0.02)
+    result = evaluate_ruler(model, stdlib_config, tasks=["niah_single_1"], lengths=[512], depths=[0.0, 1.0],
+                            per_depth=1, seed=0, batch_size=2)
+    cell = result["tasks"]["niah_single_1"]["by_length"]["512"]
+    assert cell["examples"] == 2 and 0.0 <= cell["score"] <= 1.0
+    assert all(len(sample["prediction"]) <= cell["max_new_tokens"] for sample in cell["samples"])
