@@ -95,7 +95,14 @@ def parse_args(argv):
 
 # What a suite needs of the run's data, beyond a model kind that lists it (seqmodels.models.kinds): (test, in words).
 DATA_NEEDS = {"cfl": (lambda config: config.data.source == "cfl",
-                      "a run trained on data.source=cfl (its accept/reject tokens)")}
+                      "a run trained on data.source=cfl (its accept/reject tokens)"),
+              "ruler": (lambda config: _encodes_text(config),
+                        "a run trained on text encoded by data.tokenizer (the prompts are text)")}
+
+
+def _encodes_text(config) -> bool:
+    from seqmodels.data.sources import get_source
+    return get_source(config.data.source).encodes_text
 
 
 def check_args(args) -> tuple[list[str], list[int]]:

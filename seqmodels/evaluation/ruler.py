@@ -138,6 +138,9 @@ def evaluate_ruler(model, config, *, tasks=TASKS, lengths, depths=(0.0, 0.25, 0.
     max_seq_len = model.config.max_seq_len
     fitting = check_ruler_settings(tasks, lengths, depths, per_depth, max_seq_len)
     tokenizer = get_tokenizer(config.data.tokenizer)
+    if tokenizer.vocab_size > model.config.vocab_size:
+        raise ConfigError(f"ruler: data.tokenizer={config.data.tokenizer!r} has {tokenizer.vocab_size} ids, more than "
+                          f"model.vocab_size={model.config.vocab_size}: the model cannot read the prompts")
     needs_text = any(t in NIAH and NIAH[t].haystack == "essay" for t in tasks)
     sentences = haystack_sentences(config.data, seed, HAYSTACK_TOKENS_PER_LENGTH * max(fitting)) if needs_text else []
     results = {}

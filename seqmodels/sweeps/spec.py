@@ -216,6 +216,10 @@ def check_suites_fit(name: str, config: Config, settings: EvalSettings) -> None:
         if "ruler" not in model_kind(config.model).suites:
             raise SweepError(f"variant {name!r}: eval.suites: ruler needs a model kind with a generate "
                              f"(model.kind={config.model.kind} has none)")
+        from seqmodels.data.sources import get_source
+        if not get_source(config.data.source).encodes_text:
+            raise SweepError(f"variant {name!r}: eval.suites: ruler needs a run trained on text "
+                             f"(data.source={config.data.source} is not)")
         if min(settings.ruler.lengths) > config.model.max_seq_len:
             raise SweepError(f"variant {name!r}: eval.ruler.lengths {list(settings.ruler.lengths)}: every length "
                              f"exceeds model.max_seq_len={config.model.max_seq_len}")

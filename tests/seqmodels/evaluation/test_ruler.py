@@ -72,6 +72,9 @@ def test_the_suite_runs_on_a_recurrent_hybrid_and_reports_every_cell(stdlib_conf
     assert (tmp_path / "heat.png").stat().st_size > 1000
     with pytest.raises(ConfigError, match="every length exceeds model.max_seq_len=640"):
         evaluate_ruler(model, stdlib_config, tasks=["niah_single_1"], lengths=[1024], per_depth=1)
+    small = load_config(None, ["model.d_model=32", "model.num_heads=2", "model.vocab_size=100", "data.source=mqar"])
+    with pytest.raises(ConfigError, match="has 258 ids, more than model.vocab_size=100"):
+        evaluate_ruler(build_model(small.model), small, tasks=["niah_single_1"], lengths=[640], per_depth=1)
     with pytest.raises(ConfigError, match="unknown or no task"):
         evaluate_ruler(model, stdlib_config, tasks=["niah"], lengths=[640], per_depth=1)
     assert np.isfinite(cell["max_new_tokens"])
