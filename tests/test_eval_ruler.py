@@ -47,3 +47,14 @@ def test_bad_ruler_flags_are_one_line_errors(trained_run, capsys, flags, message
     assert eval_entry.main(["--run", str(trained_run), "--suites", "ruler", "--out", str(out), *flags]) == 2
     assert message in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_the_sweep_evaluation_runs_the_ruler_suite_and_gives_the_loss_an_interval(trained_run):
+    from seqmodels.sweeps.evaluate import evaluate_run
+    settings = {"suites": ["perplexity", "ruler"], "batch_size": 2, "max_batches": 2,
+                "ruler": {"lengths": [512], "tasks": ["niah_single_1"], "depths": [0.5], "per_depth": 2, "seed": 3}}
+    results = evaluate_run(trained_run, settings, last_only=True)
+    low, high = results["curve"][-1]["loss_interval"]
+    assert low <= results["curve"][-1]["loss"] <= high
+    assert results["perplexity"]["interval"]["units_are"] == "documents"
+    assert results["ruler"]["tasks"]["niah_single_1"]["by_length"]["512"]["examples"] == 2
