@@ -3,15 +3,19 @@
 
 A Transformer++ run (every layer ``attention``, SwiGLU MLPs, no q/k norm or convolution) becomes a
 plain ``LlamaForCausalLM`` (``Qwen2ForCausalLM`` with ``model.attention.qkv_bias``) that
-``transformers.AutoModelForCausalLM.from_pretrained(DIR)`` loads with no remote code. Every other
+``transformers.AutoModelForCausalLM.from_pretrained(DIR)`` loads with no remote code; so does a Mamba2 run
+in the reference layout (every layer ``mamba2``, no MLP, the gated norm over all heads), as
+``Mamba2ForCausalLM``. Every other
 architecture (any ``model.mixers`` list, the looped model, AHN: the frozen base's weights with the
 compressors') becomes ``model_type: seqmodels`` with its own pure-PyTorch modules in the directory,
 loaded with ``trust_remote_code=True`` (``AutoModelForCausalLM``; the looped model:
 ``AutoModelForSequenceClassification``). Either way:
 ``config.json``, ``model.safetensors`` (sharded with an index above 2 GB), ``generation_config.json``,
-and the tokenizer files when the run used ``data.tokenizer: hf:DIR``. ``--out`` must not exist or be
-empty unless ``--force``, which replaces an earlier export only (never a directory holding a run, a
-checkpoint, this repository or the working directory); nothing is written when the export fails.
+and the run's tokenizer (``AutoTokenizer.from_pretrained(DIR)``): the files of ``data.tokenizer: hf:DIR``,
+or the byte-level tokenizer's own ``tokenizer.json``; a run on a generated task carries none.
+``--out`` must not exist or be empty unless ``--force``, which replaces an earlier export only (never a
+directory holding a run, a checkpoint, this repository or the working directory); nothing is written
+when the export fails.
 """
 
 from __future__ import annotations

@@ -15,12 +15,16 @@ from seqmodels.config import ModelConfig
 from seqmodels.hf import load_pretrained
 from seqmodels.hf.export import export_model
 from seqmodels.mixers.attention import AttentionConfig
+from seqmodels.mixers.mamba2 import Mamba2Config
 from seqmodels.models import build_model
 
 LLAMA = ModelConfig(vocab_size=101, d_model=64, num_heads=4, mixers=("attention",) * 2, d_ff=96,
                     tie_embeddings=False, norm_eps=1e-5, attention=AttentionConfig(num_kv_heads=2, rope_theta=5e3))
 QWEN2 = dataclasses.replace(LLAMA, tie_embeddings=True,
                             attention=dataclasses.replace(LLAMA.attention, qkv_bias=True))
+# num_heads = the mixer's heads (expand d_model / head_dim), so the config reads back equal
+MAMBA2 = ModelConfig(vocab_size=101, d_model=64, num_heads=4, mixers=("mamba2",) * 2, mlp=False, tie_embeddings=False,
+                     norm_eps=1e-5, mamba2=Mamba2Config(state_dim=16, expand=2, head_dim=32, conv_kernel=4))
 
 
 def random_params(config: ModelConfig, seed: int = 0) -> dict:
@@ -99,6 +103,10 @@ def test_export_py_writes_a_trained_run_that_loads_back_bitwise(tmp_path, capsys
     loaded = nnx.to_pure_dict(nnx.state(load_pretrained(out), nnx.Param))
     for a, b in zip(jax.tree.leaves(expected), jax.tree.leaves(loaded)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    from transformers import AutoTokenizer  # the run's byte tokenizer travels with it
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    assert tokenizer("héllo")["input_ids"] == [256, *"héllo".encode()] and tokenizer.eos_token_id == 257
+    assert json.loads((out / "config.json").read_text())["bos_token_id"] == 256
     (out / "mine.txt").write_text("keep")
     assert export_entry.main(["--run", str(run), "--out", str(out)]) == 2  # an existing directory is kept
     assert "not an empty directory" in capsys.readouterr().err and (out / "mine.txt").read_text() == "keep"
@@ -114,3 +122,60 @@ def test_a_scanned_model_exports_its_layers_one_by_one(tmp_path):
     assert loaded.config == LLAMA  # the exported directory is a plain, unscanned Llama
     unrolled = nnx.to_pure_dict(nnx.state(loaded, nnx.Param))
     jax.tree.map(np.testing.assert_array_equal, unstack_blocks(params, repeats=2), unrolled)
+
+
+def test_a_byte_level_export_carries_its_tokenizer_and_a_smaller_vocabulary_is_refused(tmp_path):
+    from transformers import AutoTokenizer
+
+    from seqmodels.errors import HFFormatError
+    config = dataclasses.replace(LLAMA, vocab_size=258)
+    out = export_model(config, random_params(config), tmp_path / "hf", tokenizer="byte")
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    assert tokenizer("a<bos>")["input_ids"] == [256, *b"a<bos>"]  # the text "<bos>" is its bytes, as in training
+    for name in ("config.json", "generation_config.json"):
+        ids = json.loads((out / name).read_text())
+        assert (ids["bos_token_id"], ids["eos_token_id"], ids["pad_token_id"]) == (256, 257, 257), name
+    with pytest.raises(HFFormatError, match=r"has 258 ids but the model's vocabulary \(model.vocab_size\) is 101"):
+        export_model(LLAMA, random_params(LLAMA), tmp_path / "small", tokenizer="byte")
+    assert not (tmp_path / "small").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tied", [False, True])
+def test_a_mamba2_export_is_transformers_mamba2_with_jax_logits_and_greedy_tokens(tmp_path, tied):
+    import torch
+    import transformers
+
+    from seqmodels.models.lm import generate
+    config = dataclasses.replace(MAMBA2, tie_embeddings=tied)
+    params = random_params(config)
+    out = export_model(config, params, tmp_path / "hf")
+    hf_config = json.loads((out / "config.json").read_text())
+    assert hf_config["architectures"] == ["Mamba2ForCausalLM"] and not (out / "modeling_seqmodels.py").exists()
+    torch.set_num_threads(1)
+    reference = transformers.AutoModelForCausalLM.from_pretrained(out).eval()  # no remote code
+    assert type(reference).__name__ == "Mamba2ForCausalLM"
+    tokens = np.random.default_rng(0).integers(0, config.vocab_size, size=(2, 40))
+    with torch.no_grad():
+        expected = reference(torch.as_tensor(tokens)).logits.numpy()
+        greedy = reference.generate(torch.as_tensor(tokens[:, :8]), attention_mask=torch.ones((2, 8), dtype=torch.long),
+                                    max_new_tokens=16, do_sample=False).numpy()
+    model = nnx.merge(nnx.split(build_model(config))[0], params)
+    logits, _ = model(tokens)
+    print(f"Mamba2ForCausalLM (tied {tied}): max abs logit diff {np.abs(np.asarray(logits) - expected).max():.2e}, "
+          f"logit scale {np.abs(expected).max():.2f}")
+    assert float(np.abs(expected).max()) > 1.0
+    np.testing.assert_allclose(np.asarray(logits), expected, atol=1e-4, rtol=0)
+    np.testing.assert_array_equal(greedy, np.asarray(generate(model, tokens[:, :8], 16)[0]))
+    loaded = load_pretrained(out)
+    assert loaded.config == config
+    jax.tree.map(np.testing.assert_array_equal, params, nnx.to_pure_dict(nnx.state(loaded, nnx.Param)))
+
+
+@pytest.mark.parametrize("change", [
+    pytest.param(dict(mlp=True), id="mlp"), pytest.param(dict(mixers=("mamba2", "swa")), id="hybrid"),
+    pytest.param(dict(mamba2=Mamba2Config(head_dim=32, gated_norm="per_head_before_gate")), id="per_head_norm")])
+def test_a_mamba2_the_reference_layout_cannot_hold_exports_with_its_own_modules(tmp_path, change):
+    config = dataclasses.replace(MAMBA2, **change)
+    out = export_model(config, random_params(config), tmp_path / "hf")
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["SeqmodelsForCausalLM"]

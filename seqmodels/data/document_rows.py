@@ -118,7 +118,7 @@ def corpus_source(documents: Callable[[DataConfig], tuple[Documents, str]],
                   check: Callable[[DataConfig], None] = no_check) -> DataSource:
     """The entry of a document corpus whose documents ``documents(cfg) -> (documents, location)`` lists."""
     return DataSource(train=text_train_dataset, eval=text_eval_batches, vocab_size=tokenizer_vocab_size,
-                      describe=describe_corpus, check=check, documents=documents)
+                      describe=describe_corpus, check=check, documents=documents, encodes_text=True)
 
 
 def require_path(cfg: DataConfig) -> None:

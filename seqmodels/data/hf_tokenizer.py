@@ -5,6 +5,16 @@ Special tokens: the BOS / EOS / PAD token strings of ``tokenizer_config.json`` (
 ``config.json``; an id is ``None`` where the directory names none. As the data pipeline's tokenizer
 (``data.tokenizer: hf:DIR``) a document is framed ``[BOS] tokens [EOS]``; a tokenizer without a BOS
 (GPT-2 style) opens documents with its EOS, the separator it was trained with.
+
+``write_byte_level_tokenizer(directory, bos_id=, eos_id=)`` writes the Hugging Face form of the byte-level
+tokenizer (``seqmodels.data.tokenizers.ByteTokenizer``): ids 0..255 are the bytes, ``bos_id`` / ``eos_id``
+the document marks, so that ``transformers.AutoTokenizer.from_pretrained(directory)`` gives the project's
+ids. Its ``tokenizer.json`` is a ``tokenizers`` BPE over the 256 byte symbols of the byte-level
+pre-tokenizer (GPT-2's byte -> printable-character table, no regex split, no merges: one token per UTF-8
+byte, token id = byte value); ``tokenizer_config.json`` sets ``split_special_tokens`` (the text "<bos>" is
+its five bytes, as ``ByteTokenizer`` encodes it) and no clean-up of spaces (decoding is exact). Encoding
+with special tokens prepends BOS (how the data pipeline opens a document); the pad token is EOS (the byte
+vocabulary has no pad id; padded positions are masked, so the id is never read).
 """
 
 from __future__ import annotations
@@ -18,6 +28,7 @@ import numpy as np
 from seqmodels.errors import HFFormatError, reading
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+BYTE_LEVEL_SPECIAL_TOKENS = {"bos": "<bos>", "eos": "<eos>"}
 _ROLES = ("bos", "eos", "pad")
 
 
@@ -103,3 +114,47 @@ def load_tokenizer(path) -> HFTokenizer:
     if not (directory / "tokenizer.json").is_file():
         raise HFFormatError(f"{directory}: no tokenizer.json")
     return HFTokenizer(directory)
+
+
+def byte_symbols() -> list[str]:
+    """The printable character the byte-level pre-tokenizer writes for each byte value 0..255 (GPT-2's table:
+    the printable Latin-1 bytes stand for themselves, the other 68 take U+0100 onwards in byte order)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1),
+                 *range(ord("\u00ae"), ord("\u00ff") + 1)]
+    symbols, shifted = {}, 0
+    for byte in range(256):
+        if byte in printable:
+            symbols[byte] = chr(byte)
+        else:
+            symbols[byte] = chr(256 + shifted)
+            shifted += 1
+    return [symbols[byte] for byte in range(256)]
+
+
+def write_byte_level_tokenizer(directory, *, bos_id: int, eos_id: int) -> None:
+    """Write ``tokenizer.json`` and ``tokenizer_config.json`` of the byte-level tokenizer (module docstring)
+    into the existing ``directory``; ``bos_id`` and ``eos_id`` must be 256 and 257 in some order."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+
+    if sorted((bos_id, eos_id)) != [256, 257]:
+        raise ValueError(f"the byte-level tokenizer's BOS / EOS ids must be 256 and 257 (after the 256 bytes), "
+                         f"got bos_id={bos_id}, eos_id={eos_id}")
+    directory = Path(directory)
+    vocab = {symbol: byte for byte, symbol in enumerate(byte_symbols())}
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    names = BYTE_LEVEL_SPECIAL_TOKENS
+    ordered = sorted([(bos_id, names["bos"]), (eos_id, names["eos"])])
+    tokenizer.add_special_tokens([AddedToken(name, special=True, normalized=False) for _, name in ordered])
+    for token_id, name in ordered:
+        if tokenizer.token_to_id(name) != token_id:
+            raise ValueError(f"{name} was given id {tokenizer.token_to_id(name)}, expected {token_id}")
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{names['bos']} $A", pair=f"{names['bos']} $A {names['bos']} $B",
+        special_tokens=[(names["bos"], bos_id)])
+    tokenizer.save(str(directory / "tokenizer.json"))
+    settings = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": names["bos"], "eos_token": names["eos"],
+                "pad_token": names["eos"], "split_special_tokens": True, "clean_up_tokenization_spaces": False,
+                "add_prefix_space": False}
+    (directory / "tokenizer_config.json").write_text(json.dumps(settings, indent=2) + "\n")

@@ -3,13 +3,19 @@
 - ``llama``: Transformer++ (every layer ``attention``, SwiGLU, no q/k norm or convolution) as a plain
   ``LlamaForCausalLM`` (``Qwen2ForCausalLM`` with q/k/v biases) that ``transformers`` loads with no
   remote code (``seqmodels.hf.llama``).
+- ``mamba2``: a Mamba2 LM in the reference layout (every layer ``mamba2``, no MLP, the gated norm over all
+  heads) as transformers' own ``Mamba2ForCausalLM`` (``seqmodels.hf.mamba2``).
 - ``seqmodels``: every other architecture (AHN included) as ``model_type: seqmodels`` with its own PyTorch
   modules (``seqmodels.hf.remote_code``; loaded with ``trust_remote_code=True``).
 
 ``export_model`` writes the format's ``config.json`` (``architectures``, ``torch_dtype``) and
 ``model.safetensors`` (shards and ``model.safetensors.index.json`` above 2 GB), plus
-``generation_config.json`` and the tokenizer files of an ``hf:`` tokenizer; ``export_run`` does so for a
-run's checkpoint (``export.py``). ``load_pretrained`` of either gives the exported parameters bitwise (float32).
+``generation_config.json`` and the tokenizer: an ``hf:DIR`` tokenizer's files as they are, the byte-level
+tokenizer as a ``tokenizer.json`` of its own (``seqmodels.data.hf_tokenizer.write_byte_level_tokenizer``);
+the special ids enter ``config.json`` and ``generation_config.json``. ``export_run`` does so for a run's
+checkpoint (``export.py``), with the run's ``data.tokenizer`` when its data source encodes text with it
+(a generated task's vocabulary has no tokenizer to carry). ``load_pretrained`` of either gives the
+exported parameters bitwise (float32).
 """
 
 from __future__ import annotations
@@ -19,31 +25,56 @@ import shutil
 from pathlib import Path
 
 from seqmodels.config import ModelConfig
+from seqmodels.errors import HFFormatError
 from seqmodels.hf.directory import write_json
 from seqmodels.hf.formats import FORMATS, export_format
 from seqmodels.hf.output_dir import check_new_directory, write_new_directory
 from seqmodels.hf.safetensors_io import MAX_SHARD_BYTES
 from seqmodels.hf.tensor_rules import check_export_dtype
-from seqmodels.data.hf_tokenizer import TOKENIZER_FILES, load_tokenizer
+from seqmodels.data.hf_tokenizer import TOKENIZER_FILES, load_tokenizer, write_byte_level_tokenizer
+from seqmodels.data.sources import get_source
+from seqmodels.data.tokenizers import ByteTokenizer
 from seqmodels.models.stack import repeat_period, unstack_blocks
 from seqmodels.runs.load import load_run_params, read_run_config
 
 
-def export_model(config: ModelConfig, params: dict, out_dir, *, dtype: str = "float32", tokenizer_dir=None,
+def _tokenizer_writer(tokenizer: str | None, config: ModelConfig):
+    """``(special ids, write(directory))`` of the ``data.tokenizer`` value ``tokenizer`` (None: no tokenizer)."""
+    if tokenizer is None:
+        return {}, lambda directory: None
+    if tokenizer == ByteTokenizer.name:
+        byte = ByteTokenizer()
+        if config.vocab_size < byte.vocab_size:
+            raise HFFormatError(f"the byte-level tokenizer has {byte.vocab_size} ids but the model's vocabulary "
+                                f"(model.vocab_size) is {config.vocab_size}; export it without a tokenizer")
+        ids = {"bos_token_id": byte.bos_id, "eos_token_id": byte.eos_id, "pad_token_id": byte.eos_id}
+        return ids, lambda directory: write_byte_level_tokenizer(directory, bos_id=byte.bos_id, eos_id=byte.eos_id)
+    if not tokenizer.startswith("hf:") or len(tokenizer) == len("hf:"):
+        raise HFFormatError(f"tokenizer {tokenizer!r} is not one an export can carry: 'byte', 'hf:DIR' or None")
+    loaded = load_tokenizer(tokenizer[len("hf:"):])
+
+    def copy(directory: Path) -> None:
+        for name in TOKENIZER_FILES:
+            if (loaded.directory / name).is_file():
+                shutil.copyfile(loaded.directory / name, directory / name)
+
+    return {"bos_token_id": loaded.bos_id, "eos_token_id": loaded.eos_id, "pad_token_id": loaded.pad_id}, copy
+
+
+def export_model(config: ModelConfig, params: dict, out_dir, *, dtype: str = "float32", tokenizer: str | None = None,
                  max_shard_bytes: int = MAX_SHARD_BYTES, force: bool = False) -> Path:
     """Write the Hugging Face directory of ``config`` with ``params`` to ``out_dir`` (module docstring).
 
     ``out_dir`` must be absent or empty (``force``: an existing directory is replaced once the new one is
-    complete); the directory appears only once complete. ``tokenizer_dir``: a Hugging Face directory
-    whose tokenizer files are copied and whose special ids enter the configs.
+    complete); the directory appears only once complete. ``tokenizer``: a ``data.tokenizer`` value whose
+    tokenizer the directory carries (``byte``, or ``hf:DIR``: a Hugging Face directory whose tokenizer files
+    are copied), its special ids in the configs; None: no tokenizer.
     """
     out_dir = Path(out_dir)
     check_export_dtype(dtype)
     checkpoint_format = FORMATS[export_format(config)]
     check_new_directory(out_dir, force=force)
-    tokenizer = load_tokenizer(tokenizer_dir) if tokenizer_dir is not None else None
-    ids = {} if tokenizer is None else {"bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id,
-                                        "pad_token_id": tokenizer.pad_id}
+    ids, write_tokenizer = _tokenizer_writer(tokenizer, config)
     if config.scan_layers:  # stacked groups of layers -> one entry per layer, as Hugging Face holds them
         params = unstack_blocks(params, len(config.mixers) // repeat_period(config.mixers))
         config = dataclasses.replace(config, scan_layers=False)
@@ -52,9 +83,7 @@ def export_model(config: ModelConfig, params: dict, out_dir, *, dtype: str = "fl
         checkpoint_format.write(staging, config, params, dtype=dtype, token_ids=ids, max_shard_bytes=max_shard_bytes)
         generation = {key: value for key, value in ids.items() if value is not None}
         write_json(staging / "generation_config.json", generation)
-        for name in TOKENIZER_FILES if tokenizer is not None else ():
-            if (tokenizer.directory / name).is_file():
-                shutil.copyfile(tokenizer.directory / name, staging / name)
+        write_tokenizer(staging)
 
     return write_new_directory(out_dir, write, force=force)
 
@@ -69,7 +98,6 @@ def export_run(run_dir, out_dir, *, step: int | None = None, dtype: str = "float
     export_format(read_run_config(run_dir).model)
     check_new_directory(Path(out_dir), force=force)
     config, params, step = load_run_params(run_dir, step=step)
-    tokenizer = config.data.tokenizer
-    tokenizer_dir = tokenizer[len("hf:"):] if tokenizer.startswith("hf:") else None
-    return export_model(config.model, params, out_dir, dtype=dtype, tokenizer_dir=tokenizer_dir,
+    tokenizer = config.data.tokenizer if get_source(config.data.source).encodes_text else None
+    return export_model(config.model, params, out_dir, dtype=dtype, tokenizer=tokenizer,
                         max_shard_bytes=max_shard_bytes, force=force), step

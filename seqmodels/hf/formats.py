@@ -1,14 +1,16 @@
 """Every checkpoint format, one module each that reads and writes it, behind one registry (``FORMATS``).
 
     llama        Llama / Qwen2 safetensors: Transformer++ that transformers loads without remote code
+    mamba2       transformers' Mamba2ForCausalLM: a Mamba2 LM in the reference layout (no MLP), no remote code
     seqmodels    ``model_type: seqmodels`` with its own PyTorch modules: every architecture (``remote_code``)
 
 A directory's format is the one whose ``MODEL_TYPES`` hold its ``config.json``'s ``model_type`` (a
 config.json without one is read as Llama, as older Hugging Face checkpoints are); a model is written in
-the first format of ``FORMATS`` that takes it, so Transformer++ stays a plain Llama and everything else
-brings its own modules. GGUF files come in through ``seqmodels.hf.gguf``, which converts them into the
-Llama format. Export (``seqmodels.hf.export``), ``load_pretrained`` and the bases that a model starts
-from (``model.init_from``, ``model.ahn.base``: ``seqmodels.hf.base``) all go through here.
+the first format of ``FORMATS`` that takes it, so Transformer++ stays a plain Llama, a reference-layout
+Mamba2 a plain Mamba2, and everything else brings its own modules. GGUF files come in through
+``seqmodels.hf.gguf``, which converts them into the Llama format. Export (``seqmodels.hf.export``),
+``load_pretrained`` and the bases that a model starts from (``model.init_from``, ``model.ahn.base``:
+``seqmodels.hf.base``) all go through here.
 """
 
 from __future__ import annotations
@@ -19,14 +21,14 @@ from typing import Protocol
 from flax import nnx
 
 from seqmodels.config import ModelConfig
-from seqmodels.hf import llama, remote_code
+from seqmodels.hf import llama, mamba2, remote_code
 from seqmodels.hf.directory import hf_directory, read_json
 from seqmodels.errors import HFFormatError, reading
 from seqmodels.models import abstract_model
 
 
 class CheckpointFormat(Protocol):
-    """What a format module offers (``llama``, ``remote_code``)."""
+    """What a format module offers (``llama``, ``mamba2``, ``remote_code``)."""
 
     MODEL_TYPES: tuple[str, ...]
 
@@ -45,7 +47,8 @@ class CheckpointFormat(Protocol):
         """Write ``config.json`` and the checkpoint (and any modules the format needs) into ``directory``."""
 
 
-FORMATS: dict[str, CheckpointFormat] = {"llama": llama, "seqmodels": remote_code}  # in export preference order
+FORMATS: dict[str, CheckpointFormat] = {"llama": llama, "mamba2": mamba2,  # in export preference order
+                                         "seqmodels": remote_code}
 
 
 def format_of(hf: dict, source: str) -> CheckpointFormat:

@@ -2,8 +2,10 @@
 
 A format (``seqmodels.hf.llama``, ``seqmodels.hf.remote_code``) states its rules: each names a tensor,
 the parameter path it holds and the two layout maps, each a transpose, reshape or flip, so a rule is a
-bijection and a float32 round trip is bitwise. Writing casts every mapped array to the export dtype;
-reading checks the checkpoint's names and shapes against the rules before anything is converted.
+bijection and a float32 round trip is bitwise. A ``JoinedRule`` is one tensor that holds several
+parameters side by side along an axis (Mamba2's ``in_proj`` and ``conv1d``), each piece by its own rule.
+Writing casts every mapped array to the export dtype; reading checks the checkpoint's names and shapes
+against the rules before anything is converted.
 """
 
 from __future__ import annotations
@@ -33,6 +35,16 @@ class TensorRule:
     to_hf: Callable[[np.ndarray], np.ndarray]
 
 
+@dataclass(frozen=True)
+class JoinedRule:
+    """One checkpoint tensor of several parameters concatenated along ``axis`` (Hugging Face layout), in order of
+    ``parts``: each part's ``path`` and layout maps give its piece (its ``hf_name`` is the piece's, for messages)."""
+
+    hf_name: str
+    parts: tuple[TensorRule, ...]
+    axis: int = 0
+
+
 def get_path(tree: dict, path: ParamPath):
     for key in path:
         tree = tree[key]
@@ -50,16 +62,39 @@ def check_export_dtype(dtype: str) -> None:
         raise HFFormatError(f"dtype {dtype!r} is not an export dtype; one of {', '.join(EXPORT_DTYPES)}")
 
 
-def tensors_of(params: dict, rules: list[TensorRule], dtype: str = "float32") -> dict[str, np.ndarray]:
+def _hf_array(rule, params: dict) -> np.ndarray:
+    if isinstance(rule, JoinedRule):
+        return np.concatenate([_hf_array(part, params) for part in rule.parts], axis=rule.axis)
+    return rule.to_hf(np.asarray(get_path(params, rule.path), np.float32))
+
+
+def tensors_of(params: dict, rules: list, dtype: str = "float32") -> dict[str, np.ndarray]:
     """Every rule's tensor of the parameter dict ``params`` (``nnx.to_pure_dict`` layout), cast to ``dtype``."""
     check_export_dtype(dtype)
-    return {rule.hf_name: np.ascontiguousarray(rule.to_hf(np.asarray(get_path(params, rule.path), np.float32)))
-            .astype(EXPORT_DTYPES[dtype]) for rule in rules}
+    return {rule.hf_name: np.ascontiguousarray(_hf_array(rule, params)).astype(EXPORT_DTYPES[dtype]) for rule in rules}
 
 
 def hf_shape(rule: TensorRule, shape: tuple) -> tuple:
     """The checkpoint's shape of a parameter of ``shape`` under ``rule``."""
     return tuple(np.shape(rule.to_hf(np.empty(shape, np.uint8))))
+
+
+def _expected_shape(rule, template: dict) -> tuple:
+    if isinstance(rule, JoinedRule):
+        shapes = [_expected_shape(part, template) for part in rule.parts]
+        joined = list(shapes[0])
+        joined[rule.axis] = sum(shape[rule.axis] for shape in shapes)
+        return tuple(joined)
+    return hf_shape(rule, tuple(get_path(template, rule.path).shape))
+
+
+def _fill(rule, array: np.ndarray, template: dict) -> None:
+    if isinstance(rule, JoinedRule):
+        sizes = np.cumsum([_expected_shape(part, template)[rule.axis] for part in rule.parts])[:-1]
+        for part, piece in zip(rule.parts, np.split(array, sizes, axis=rule.axis)):
+            _fill(part, piece, template)
+        return
+    set_path(template, rule.path, jnp.asarray(rule.to_project(array)))
 
 
 def _check_names(checkpoint: SafetensorsCheckpoint, wanted: set[str], tolerated: Callable[[str], bool]) -> None:
@@ -74,17 +109,17 @@ def _check_names(checkpoint: SafetensorsCheckpoint, wanted: set[str], tolerated:
                             f"architecture config.json describes ({len(unexpected)} such tensors)")
 
 
-def fill_params(directory: Path, rules: list[TensorRule], template: dict,
+def fill_params(directory: Path, rules: list, template: dict,
                 tolerated: Callable[[str], bool] = lambda name: False) -> dict:
     """``template`` (a parameter dict of the right shapes) filled with the float32 tensors of the checkpoint in
     ``directory``; ``HFFormatError`` for a missing, unexpected (and not ``tolerated``) or misshapen tensor."""
     checkpoint = SafetensorsCheckpoint(directory)
     _check_names(checkpoint, {rule.hf_name for rule in rules}, tolerated)
     for rule in rules:
-        expected = hf_shape(rule, tuple(get_path(template, rule.path).shape))
+        expected = _expected_shape(rule, template)
         if checkpoint.shape(rule.hf_name) != expected:
             raise HFFormatError(f"{checkpoint.file_of(rule.hf_name)}: tensor {rule.hf_name!r} has shape "
                                 f"{list(checkpoint.shape(rule.hf_name))}; {Path(directory) / 'config.json'} implies "
                                 f"{list(expected)}")
-        set_path(template, rule.path, jnp.asarray(rule.to_project(checkpoint.read(rule.hf_name).astype(np.float32))))
+        _fill(rule, checkpoint.read(rule.hf_name).astype(np.float32), template)
     return template

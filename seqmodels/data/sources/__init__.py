@@ -57,7 +57,8 @@ class DataSource:
     id is below it). ``describe(cfg)``: one line for the training log. ``check(cfg)``: raise
     ``ConfigError`` naming the key when the configuration cannot work for this source (the pipeline
     calls it before each of the others). ``documents(cfg) -> (documents, location)``: a document
-    corpus's documents (``document_split.Documents``), None for generated sources.
+    corpus's documents (``document_split.Documents``), None for generated sources. ``encodes_text``: the
+    batches are text encoded by ``data.tokenizer`` (the tokenizer an export of the run carries).
     """
 
     train: TrainBatches
@@ -66,6 +67,7 @@ class DataSource:
     describe: Callable[[DataConfig], str]
     check: Callable[[DataConfig], None] = no_check
     documents: Callable[[DataConfig], tuple[Sequence[str], str]] | None = None
+    encodes_text: bool = False
 
 
 _SOURCES: dict[str, DataSource] = {}

@@ -148,4 +148,4 @@ def _check(cfg: DataConfig) -> None:
 
 
 register_source("token_ids", DataSource(train=token_ids_train, eval=token_ids_eval, vocab_size=tokenizer_vocab_size,
-                                        describe=_describe, check=_check))
+                                        describe=_describe, check=_check, encodes_text=True))

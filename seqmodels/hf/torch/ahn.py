@@ -22,6 +22,9 @@ and the compressor's: its state and the last ``ring`` non-sink tokens' raw ``k, 
 still to leave. Its size is fixed by ``window`` whatever the length decoded. A whole row without a cache
 runs the same rule from an empty one. (JAX keeps one ring of keys / values for both; here the attention
 and the compressor each keep theirs, so a layer holds the ring's keys / values twice.)
+
+Padded batches: positions are each row's own (``[B, T]``, -1 at padding); a token leaves when its row
+reaches position ``s + ring``, a padded step writes nothing, and padding never enters the pending tokens.
 """
 
 from __future__ import annotations
@@ -77,33 +80,33 @@ class Compressor(nn.Module):
         return step, log_decay
 
     def _evicted(self, pending: dict, positions: torch.Tensor) -> dict:
-        """The token leaving at each of ``positions`` (``t - ring``), gathered from ``pending`` (contiguous
-        positions); where none leaves, a no-op write (zero key, value and strength; zero log decay)."""
-        source = positions - self.ring
-        leaving = source >= self.sinks
-        count = pending["positions"].shape[0]
-        if count == 0 or not bool(leaving.any()):
-            return {name: pending[name].new_zeros(pending[name].shape[:1] + positions.shape + pending[name].shape[2:])
-                    for name in PENDING}
-        index = (source - pending["positions"][0]).clamp(0, count - 1)
+        """The token leaving at each of ``positions [B, T]`` (row position ``t - ring``), gathered from ``pending``
+        (its ``positions [B, P]``, -1 where a column holds no pending token of the row); where none leaves (and
+        at padding), a no-op write (zero key, value and strength; zero log decay)."""
+        source = torch.where(positions >= 0, positions - self.ring, torch.full_like(positions, -1))
+        match = (pending["positions"][:, None, :] == source[:, :, None]) & (source >= self.sinks)[..., None]
+        found = match.any(-1)  # [B, T]
+        if pending["positions"].shape[1] == 0 or not bool(found.any()):
+            return {name: pending[name].new_zeros(positions.shape + pending[name].shape[2:]) for name in PENDING}
+        index = match.to(torch.int8).argmax(-1)  # [B, T]: the column of the leaving token
+        rows = torch.arange(positions.shape[0], device=positions.device)[:, None]
         evicted = {}
         for name in PENDING:
-            values = pending[name][:, index]
-            keep = leaving.reshape((1, -1) + (1,) * (values.ndim - 2))
+            values = pending[name][rows, index]
+            keep = found.reshape(found.shape + (1,) * (values.ndim - 2))
             evicted[name] = torch.where(keep, values, torch.zeros_like(values))
         return evicted
 
     def forward(self, h, q, k, v, positions: torch.Tensor, cache: dict) -> torch.Tensor:
-        """``m [B, T, H, Dh]`` of the tokens at ``positions`` (contiguous, after those ``cache`` has seen)."""
+        """``m [B, T, H, Dh]`` of the tokens at ``positions [B, T]`` (each row's, after those ``cache`` has seen)."""
         strength, log_decay = self.write_gates(h)
-        incoming = {"k": k, "v": v, "strength": strength, "log_decay": log_decay, "positions": positions}
+        writable = positions >= self.sinks  # the sinks never leave the attention; padding is -1
+        incoming = {"k": k, "v": v, "strength": strength, "log_decay": log_decay,
+                    "positions": torch.where(writable, positions, torch.full_like(positions, -1))}
         pending = cache.get("pending")
         if pending is None:
-            pending = {name: value[:, :0] for name, value in incoming.items() if name != "positions"}
-            pending["positions"] = positions[:0]
-        writable = positions >= self.sinks  # the sinks never leave the attention
-        pending = {name: torch.cat([pending[name], value[:, writable] if name != "positions" else value[writable]],
-                                   dim=1 if name != "positions" else 0) for name, value in incoming.items()}
+            pending = {name: value[:, :0] for name, value in incoming.items()}
+        pending = {name: torch.cat([pending[name], value], dim=1) for name, value in incoming.items()}
         evicted = self._evicted(pending, positions)
         queries = l2_normalize(q)
         keys = l2_normalize(_expand(evicted["k"], self.heads))
@@ -116,10 +119,12 @@ class Compressor(nn.Module):
         else:
             o, state = gated_linear_scan(queries, keys * evicted["strength"][..., None], values,
                                          evicted["log_decay"], state)
-        still_to_leave = pending["positions"] > positions[-1] - self.ring
-        cache["pending"] = {name: value[:, still_to_leave] if name != "positions" else value[still_to_leave]
-                            for name, value in pending.items()}
-        cache["state"] = state
+        newest = positions.max(dim=1, keepdim=True).values
+        if "newest" in cache:
+            newest = torch.maximum(newest, cache["newest"])
+        still_to_leave = ((pending["positions"] >= 0) & (pending["positions"] > newest - self.ring)).any(dim=0)
+        cache["pending"] = {name: value[:, still_to_leave] for name, value in pending.items()}
+        cache.update(state=state, newest=newest)
         gated = self.norm(o.to(h.dtype), gate=self.gate(h).reshape(*h.shape[:2], self.heads, self.head_dim))
         return torch.einsum("bthd,hde->bthe", gated, self.readout.to(gated.dtype))
 
@@ -137,7 +142,7 @@ class AHNBlock(nn.Module):
         self.ahn = Compressor(model, head_dim=self.mixer.head_dim)
 
     def forward(self, x, positions, cache=None):
-        """``x [B, T, D]`` at ``positions [T]`` -> ``(x, cache)``; no cache runs the row from an empty one."""
+        """``x [B, T, D]`` at ``positions [B, T]`` -> ``(x, cache)``; no cache runs the row from an empty one."""
         cache = {} if cache is None else cache
         h = self.mixer_norm(x)
         attention_cache = cache.setdefault("attention", {})

@@ -13,6 +13,9 @@ with ``phi`` the polynomial features (degree p: ``[c_1 k, c_2 (k_:R (x) k_:R), .
 ``W [F, D]`` or the MLP ``phi[:D] + silu(phi W1) W2`` (with ``model.atlas.memory_norm``: ``phi[:D] + g * LN(o)``,
 ``o`` the linear or MLP branch, ``g [H, D]`` a learned gain), the gradients in closed form (outer products) and
 ``NS_k`` applied to the deep memory's ``W1`` and zero-padded ``W2^T`` stacked, as the JAX op does.
+
+Padding (``positions`` -1) is skipped by the convolution and changes nothing of the state: not the memory,
+the momentum, the Omega window, nor the row's count of tokens that places its chunk boundaries.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .atlas_memory_constants import NORM_EPS
-from .layers import RMSNorm, ShortConv, l2_normalize
+from .layers import RMSNorm, ShortConv, l2_normalize, real_tokens
 from .newton_schulz import newton_schulz
 
 GATES = ("alpha", "theta", "eta", "gamma")
@@ -116,11 +119,11 @@ class Atlas(nn.Module):
         self.out_norm = RMSNorm(self.head_dim, model["norm_eps"])
         self.out = nn.Linear(heads * self.head_dim, d_model, bias=False)
 
-    def _inputs(self, x, cache):
+    def _inputs(self, x, cache, valid):
         batch, length = x.shape[:2]
         projected = self.projection(x).reshape(batch, length, self.heads, 4, self.head_dim)
         qkv = projected[:, :, :, :3].reshape(batch, length, -1)
-        mixed, history = self.conv(qkv, None if cache is None else cache.get("conv"))
+        mixed, history = self.conv(qkv, None if cache is None else cache.get("conv"), valid)
         if cache is not None:
             cache["conv"] = history
         mixed = F.silu(mixed.float()).reshape(batch, length, self.heads, 3, self.head_dim)
@@ -140,7 +143,8 @@ class Atlas(nn.Module):
         return {"memory": memory, "chunk_memory": memory, "momentum": tuple(torch.zeros_like(w) for w in memory),
                 "window_keys": torch.zeros(*window, self.features, device=device),
                 "window_values": torch.zeros(*window, self.head_dim, device=device),
-                "window_weights": torch.zeros(window, device=device), "position": 0}
+                "window_weights": torch.zeros(window, device=device),
+                "position": torch.zeros(batch, dtype=torch.long, device=device)}  # each row's tokens so far
 
     def _window_gradient(self, base, keys, values, weights):
         """``G = sum_i w_i clip(grad l(base; k_i, v_i))`` over the window axis 1 of ``keys [B, c, H, F]``."""
@@ -163,12 +167,16 @@ class Atlas(nn.Module):
         result = newton_schulz(torch.stack([w1, w2t], dim=-3), **run)
         return result[..., 0, :, :], result[..., 1, :self.head_dim, :].transpose(-1, -2)
 
-    def _step(self, state, token):
+    def _step(self, state, token, real):
+        """One token of every row (``real [B]``: which rows hold a token here; the others keep their state)."""
         phi_k, values, phi_q, alpha, theta, eta, gamma = token
-        if state["position"] % self.chunk_size == 0:
-            state["chunk_memory"] = state["memory"]
+        expand = real[:, None, None, None]
+        chunk_start = expand & (state["position"] % self.chunk_size == 0)[:, None, None, None]
+        state["chunk_memory"] = tuple(torch.where(chunk_start, m, c)
+                                      for m, c in zip(state["memory"], state["chunk_memory"]))
         for name, new in (("window_keys", phi_k), ("window_values", values), ("window_weights", gamma)):
-            state[name] = torch.cat([state[name][:, 1:], new[:, None]], dim=1)
+            shifted = torch.cat([state[name][:, 1:], new[:, None]], dim=1)
+            state[name] = torch.where(real.reshape((-1,) + (1,) * (shifted.ndim - 1)), shifted, state[name])
         gradient = self._window_gradient(state["chunk_memory"], state["window_keys"], state["window_values"],
                                          state["window_weights"])
         gradient_scale = 1.0 if self.eta_on_update else eta[..., None, None]
@@ -176,15 +184,17 @@ class Atlas(nn.Module):
         update_scale = eta[..., None, None] if self.eta_on_update else 1.0
         memory = tuple(alpha[..., None, None] * m + update_scale * n
                        for m, n in zip(state["memory"], self._orthogonalize(momentum)))
-        state.update(memory=memory, momentum=momentum, position=state["position"] + 1)
+        memory = tuple(torch.where(expand, new, old) for new, old in zip(memory, state["memory"]))
+        momentum = tuple(torch.where(expand, new, old) for new, old in zip(momentum, state["momentum"]))
+        state.update(memory=memory, momentum=momentum, position=state["position"] + real.long())
         return memory_apply(memory, phi_q, self.head_dim, self._gain())
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: dict | None = None):
-        del positions  # a recurrence
-        inputs, output_gate = self._inputs(x, cache)
+        valid = real_tokens(positions)  # a recurrence: only which tokens are real matters
+        inputs, output_gate = self._inputs(x, cache, valid)
         state = cache.get("memory") if cache is not None else None
         state = state if state is not None else self._initial_state(x.shape[0], x.device)
-        outputs = [self._step(state, tuple(t[:, i] for t in inputs)) for i in range(x.shape[1])]
+        outputs = [self._step(state, tuple(t[:, i] for t in inputs), valid[:, i]) for i in range(x.shape[1])]
         if cache is not None:
             cache["memory"] = state
         y = self.out_norm(torch.stack(outputs, dim=1).to(x.dtype), gate=output_gate)

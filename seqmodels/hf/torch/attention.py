@@ -5,9 +5,10 @@
     visible(t, s) = s <= t (causal)  and  (t - s < window  or  s < num_sinks)   (sliding window)
 
 The convolution (``model.attention.conv_kernel``) and the q/k norms (``qk_norm``) are optional;
-keys and values may have fewer heads (grouped-query attention). The decoding cache holds the keys,
-values and positions still visible to a later query: every one for full attention, the sinks and
-the last ``window`` for a sliding window.
+keys and values may have fewer heads (grouped-query attention). Positions are each row's own
+(``[B, T]``, -1 at padding): a padded key is visible from no query, and the convolution skips padding.
+The decoding cache holds the keys, values and positions still visible to a later query of some row:
+every real one for full attention, the sinks and the last ``window`` for a sliding window.
 """
 
 from __future__ import annotations
@@ -17,17 +18,19 @@ import math
 import torch
 from torch import nn
 
-from .layers import RMSNorm, ShortConv, apply_rotary
+from .layers import RMSNorm, ShortConv, apply_rotary, real_tokens
 
 
 def visible(q_positions: torch.Tensor, k_positions: torch.Tensor, *, window: int | None, num_sinks: int,
             causal: bool) -> torch.Tensor:
-    """Boolean ``[Tq, Tk]``: which keys each query sees (the rule of the module docstring)."""
-    q, k = q_positions[:, None], k_positions[None, :]
+    """Boolean ``[B, Tq, Tk]`` of ``q_positions [B, Tq]``, ``k_positions [B, Tk]``: which keys each query sees
+    (the rule of the module docstring; never a padded key). A padded query sees every key, so that its
+    softmax is defined; its output is discarded."""
+    q, k = q_positions[:, :, None], k_positions[:, None, :]
     mask = k <= q if causal else torch.ones_like(q == k)
     if window is not None:
         mask = mask & ((q - k < window) | (k < num_sinks))
-    return mask
+    return (mask & real_tokens(k)) | ~real_tokens(q)
 
 
 class Attention(nn.Module):
@@ -55,7 +58,8 @@ class Attention(nn.Module):
         projected = [self.query(x), self.key(x), self.value(x)]
         if self.convs is not None:
             for i, (name, conv) in enumerate(zip("qkv", self.convs)):
-                projected[i], history = conv(projected[i], None if cache is None else cache.get(f"conv_{name}"))
+                history = None if cache is None else cache.get(f"conv_{name}")
+                projected[i], history = conv(projected[i], history, real_tokens(positions))
                 if cache is not None:
                     cache[f"conv_{name}"] = history
         q, k, v = (p.reshape(batch, length, -1, self.head_dim) for p in projected)
@@ -64,7 +68,7 @@ class Attention(nn.Module):
         return apply_rotary(q, positions, self.theta), apply_rotary(k, positions, self.theta), v
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: dict | None = None):
-        """``x [B, T, D]`` at ``positions [T]`` -> ``(y [B, T, D], cache)``; ``cache`` is a dict updated in place."""
+        """``x [B, T, D]`` at ``positions [B, T]`` -> ``(y [B, T, D], cache)``; ``cache`` is a dict updated in place."""
         q, k, v = self._project(x, positions, cache)
         return self.out(self.attend(q, k, v, positions, cache).reshape(*x.shape[:2], -1)), cache
 
@@ -77,22 +81,26 @@ class Attention(nn.Module):
                 raise ValueError("bidirectional attention (model.attention.causal = false) cannot decode from a cache")
             if "k" in cache:
                 k, v = torch.cat([cache["k"], k], dim=1), torch.cat([cache["v"], v], dim=1)
-                k_positions = torch.cat([cache["positions"], positions])
-            keep = self._still_visible(k_positions, positions[-1])
-            cache.update(k=k[:, keep], v=v[:, keep], positions=k_positions[keep])
+                k_positions = torch.cat([cache["positions"], positions], dim=1)
+            keep = self._still_visible(k_positions)
+            cache.update(k=k[:, keep], v=v[:, keep], positions=k_positions[:, keep])
         mask = visible(positions, k_positions, window=self.window, num_sinks=self.num_sinks, causal=self.causal)
         groups = self.heads // self.kv_heads
         k, v = k.repeat_interleave(groups, dim=2), v.repeat_interleave(groups, dim=2)
         scores = torch.einsum("bthd,bshd->bhts", q.float(), k.float()) / math.sqrt(self.head_dim)
-        scores = scores.masked_fill(~mask, float("-inf"))
+        scores = scores.masked_fill(~mask[:, None], float("-inf"))
         weights = torch.softmax(scores, dim=-1)
-        return torch.einsum("bhts,bshd->bthd", weights, v.float()).to(q.dtype)
+        heads = torch.einsum("bhts,bshd->bthd", weights, v.float()).to(q.dtype)
+        return torch.where(real_tokens(positions)[..., None, None], heads, torch.zeros_like(heads))
 
-    def _still_visible(self, k_positions: torch.Tensor, newest: torch.Tensor) -> torch.Tensor:
-        """Which cached keys a query after ``newest`` can still see: all (full), sinks + last window (swa)."""
-        if self.window is None:
-            return torch.ones_like(k_positions, dtype=torch.bool)
-        return (k_positions < self.num_sinks) | (k_positions > newest - self.window)
+    def _still_visible(self, k_positions: torch.Tensor) -> torch.Tensor:
+        """``[S]``: the key columns of ``k_positions [B, S]`` that a later query of some row can still see: every
+        real key (full), the sinks and the last ``window`` of the row (swa); a column of padding only is dropped."""
+        real = real_tokens(k_positions)
+        if self.window is not None:
+            newest = k_positions.max(dim=1, keepdim=True).values
+            real = real & ((k_positions < self.num_sinks) | (k_positions > newest - self.window))
+        return real.any(dim=0)
 
 
 MIXERS = {"attention": lambda model: Attention(model, window=None, num_sinks=0),

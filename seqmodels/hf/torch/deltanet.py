@@ -7,7 +7,8 @@ Per token t (heads H, key K, value V)::
     S_t = e^g (I - beta k k^T) S_{t-1} + beta k v^T;  o = K^-1/2 S_t^T q
     out = W_out(RMSNorm(o) * silu(W_g x))                           (per head over V)
 
-The cache holds the convolutions' last inputs and the state; a fresh (empty) dict starts a row.
+The cache holds the convolutions' last inputs and the state; a fresh (empty) dict starts a row. Padding
+(``positions`` -1) is skipped by the convolutions and leaves the state unchanged.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layers import RMSNorm, ShortConv, l2_normalize, step_and_log_decay
+from .layers import RMSNorm, ShortConv, l2_normalize, real_tokens, step_and_log_decay
 from .recurrences import cached_state, conv_with_cache, delta_rule_scan
 
 
@@ -44,26 +45,26 @@ class DeltaNet(nn.Module):
         self.out = nn.Linear(heads * value_dim, width, bias=False)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: dict | None = None):
-        del positions  # a recurrence
+        valid = real_tokens(positions)  # a recurrence: only which tokens are real matters
         batch, length = x.shape[:2]
         shape = (batch, length, self.heads, -1)
-        q = F.silu(conv_with_cache(self.q_conv, self.query(x), cache, "conv_q")).reshape(shape)
-        k = F.silu(conv_with_cache(self.k_conv, self.key(x), cache, "conv_k")).reshape(shape)
-        v = F.silu(conv_with_cache(self.v_conv, self.value(x), cache, "conv_v")).reshape(shape).float()
+        q = F.silu(conv_with_cache(self.q_conv, self.query(x), cache, "conv_q", valid)).reshape(shape)
+        k = F.silu(conv_with_cache(self.k_conv, self.key(x), cache, "conv_k", valid)).reshape(shape)
+        v = F.silu(conv_with_cache(self.v_conv, self.value(x), cache, "conv_v", valid)).reshape(shape).float()
         q, k = l2_normalize(q), l2_normalize(k)
         beta = torch.sigmoid(self.beta_proj(x).float())
         if self.gated:
             log_decay = step_and_log_decay(self.decay_proj(x), self.dt_bias, self.a_log)[1]
         else:
             log_decay = torch.zeros_like(beta)
-        o = self.recurrence(q, k, v, beta, log_decay, cache)
+        o = self.recurrence(q, k, v, beta, log_decay, cache, valid)
         o = self.norm(o.to(x.dtype), gate=self.gate(x).reshape(shape))
         return self.out(o.reshape(batch, length, -1)), cache
 
-    def recurrence(self, q, k, v, beta, log_decay, cache):
-        """``o [B, T, H, V]`` of ``delta_rule_scan`` from the cached state."""
+    def recurrence(self, q, k, v, beta, log_decay, cache, valid):
+        """``o [B, T, H, V]`` of ``delta_rule_scan`` from the cached state (``valid [B, T]``: the real tokens)."""
         state = cached_state(cache, "state", (q.shape[0], self.heads, self.key_dim, self.value_dim), q.device)
-        o, state = delta_rule_scan(q, k, v, beta, log_decay, state)
+        o, state = delta_rule_scan(q, k, v, beta, log_decay, state, valid)
         if cache is not None:
             cache["state"] = state
         return o

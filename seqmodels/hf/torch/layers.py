@@ -11,6 +11,11 @@ kernel ``[*in, out]`` is ``[out, prod(in)]``, a ``ShortConv`` weight ``[K, C]`` 
     ShortConv:  y_t[c] = bias[c] + sum_{lag < K} w[lag, c] x_{t - lag}[c]     (causal, per channel)
     SwiGLU:     y = down(silu(gate(x)) * up(x))
     RoPE:       pairs (x[i], x[i + D/2]) rotated by position * theta^(-2i/D)
+
+Padded batches: every twin takes ``positions [B, T]``, each real token's position in its own row and
+``PAD_POSITION`` (-1) at padding (``row_positions``). Padding is neither read nor written: a ``ShortConv``
+reads the last ``K - 1`` real inputs of the row (``valid``), a recurrence leaves its state unchanged at a
+padded step, attention never sees a padded key.
 """
 
 from __future__ import annotations
@@ -18,6 +23,20 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+PAD_POSITION = -1
+
+
+def row_positions(valid: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+    """``[B, T]``: ``start [B]`` + the real tokens before each real token of its row; ``PAD_POSITION`` where
+    ``valid [B, T]`` (bool) is False."""
+    counted = start[:, None] + torch.cumsum(valid.long(), dim=1) - 1
+    return torch.where(valid, counted, torch.full_like(counted, PAD_POSITION))
+
+
+def real_tokens(positions: torch.Tensor) -> torch.Tensor:
+    """``[B, T]`` bool: which entries of ``positions`` are tokens, not padding."""
+    return positions != PAD_POSITION
 
 
 def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -53,14 +72,28 @@ class ShortConv(nn.Module):
         self.weight = nn.Parameter(torch.zeros(channels, 1, kernel_size))
         self.bias = nn.Parameter(torch.zeros(channels))
 
-    def forward(self, x: torch.Tensor, history: torch.Tensor | None = None):
-        """``(y [B, T, C], the new history [B, K - 1, C])``; ``history`` None means zeros (a fresh row)."""
-        batch, _, channels = x.shape
+    def forward(self, x: torch.Tensor, history: torch.Tensor | None = None, valid: torch.Tensor | None = None):
+        """``(y [B, T, C], the new history [B, K - 1, C])``; ``history`` None means zeros (a fresh row).
+
+        With ``valid [B, T]`` (bool) each real input reads the last ``K - 1`` real inputs before it (the
+        history's included) and the history becomes the row's last ``K - 1`` real inputs: each row's real
+        inputs are moved, in order, to the end of ``[history, x]`` (padding first, zeroed), convolved there
+        and put back; padded outputs are zero."""
+        batch, length, channels = x.shape
         if history is None:
             history = x.new_zeros(batch, self.kernel_size - 1, channels)
         full = torch.cat([history.to(x.dtype), x], dim=1)
+        if valid is not None:
+            keep = torch.cat([valid.new_ones(batch, self.kernel_size - 1), valid], dim=1)
+            order = torch.argsort(keep.to(torch.int8), dim=1, stable=True)  # padding first, then the real inputs
+            full = torch.gather(full * keep[..., None].to(x.dtype), 1, order[..., None].expand(-1, -1, channels))
         y = F.conv1d(full.transpose(1, 2), self.weight.to(x.dtype), self.bias.to(x.dtype), groups=channels)
-        return y.transpose(1, 2), full[:, full.shape[1] - (self.kernel_size - 1):]
+        y = y.transpose(1, 2)
+        if valid is not None:  # packed slot of x's input t: where order put it, less the K - 1 leading slots
+            slot = torch.argsort(order, dim=1)[:, self.kernel_size - 1:] - (self.kernel_size - 1)
+            y = torch.gather(y, 1, slot.clamp_min(0)[..., None].expand(-1, -1, channels))
+            y = torch.where(valid[..., None], y, torch.zeros_like(y))
+        return y, full[:, full.shape[1] - (self.kernel_size - 1):]
 
 
 class SwiGLU(nn.Module):
@@ -75,11 +108,13 @@ class SwiGLU(nn.Module):
 
 
 def apply_rotary(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """``x [B, T, H, D]`` rotated at ``positions [T]`` (the half-split layout), in float32, back in x.dtype."""
+    """``x [B, T, H, D]`` rotated at ``positions [B, T]`` or ``[T]`` (the half-split layout), in float32, back in
+    x.dtype."""
     half = x.shape[-1] // 2
     inv_freq = theta ** (-torch.arange(half, dtype=torch.float32, device=x.device) / half)
-    angles = positions.float()[:, None] * inv_freq  # [T, D/2]
-    cos, sin = torch.cos(angles)[None, :, None, :], torch.sin(angles)[None, :, None, :]
+    angles = positions.float()[..., None] * inv_freq  # [B, T, D/2] or [T, D/2]
+    angles = angles if angles.ndim == 3 else angles[None]
+    cos, sin = torch.cos(angles)[:, :, None, :], torch.sin(angles)[:, :, None, :]
     x1, x2 = x.float().chunk(2, dim=-1)
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
 

@@ -5,7 +5,8 @@ Per token t (channels D, state N per channel)::
     u = silu(conv(W_u x)), k, q = W_k u, W_q u;  dt = sigmoid(W_up W_down u + t_bias);  T = dt / (1 + dt ||k||^2)
     h_t = (1 - T k^2) * h_{t-1} + (T u) k^T;  y = h_t q + D_skip u;  out = W_out(y * silu(z))
 
-The cache holds the convolution's last inputs and the state; a fresh (empty) dict starts a row.
+The cache holds the convolution's last inputs and the state; a fresh (empty) dict starts a row. Padding
+(``positions`` -1) is skipped by the convolution and leaves the state unchanged.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layers import ShortConv
-from .recurrences import cached_state, conv_with_cache
+from .layers import ShortConv, real_tokens
+from .recurrences import cached_state, conv_with_cache, keep_real
 
 
 class LongHorn(nn.Module):
@@ -37,24 +38,24 @@ class LongHorn(nn.Module):
         self.out = nn.Linear(channels, width, bias=False)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: dict | None = None):
-        del positions  # a recurrence
+        valid = real_tokens(positions)  # a recurrence: only which tokens are real matters
         u, z = self.in_proj(x).split(self.channels, dim=-1)
-        u = F.silu(conv_with_cache(self.conv, u, cache, "conv"))
+        u = F.silu(conv_with_cache(self.conv, u, cache, "conv", valid))
         k, q = self.kq_proj(u).float().split(self.state_dim, dim=-1)
         dt = torch.sigmoid(self.dt_up(self.dt_down(u)).float() + self.t_bias.float())
         step = dt / (1.0 + dt * k.square().sum(-1, keepdim=True))  # [B, T, D]
         keep = 1.0 - step[..., None] * k.square()[:, :, None, :]  # [B, T, D, N]
         written = step * u.float()
-        states = self.recurrence(keep, written, k, cache)
+        states = self.recurrence(keep, written, k, cache, valid)
         y = torch.einsum("btdn,btn->btd", states, q) + self.skip.float() * u.float()
         return self.out((y * F.silu(z.float())).to(x.dtype)), cache
 
-    def recurrence(self, keep, written, k, cache):
-        """``h [B, T, D, N]``: ``h_t = keep_t * h_{t-1} + written_t k_t^T``."""
+    def recurrence(self, keep, written, k, cache, valid):
+        """``h [B, T, D, N]``: ``h_t = keep_t * h_{t-1} + written_t k_t^T`` at real tokens, ``h_{t-1}`` at padding."""
         state = cached_state(cache, "state", (keep.shape[0], self.channels, self.state_dim), keep.device)
         states = []
         for t in range(keep.shape[1]):
-            state = keep[:, t] * state + written[:, t, :, None] * k[:, t, None, :]
+            state = keep_real(valid, t, keep[:, t] * state + written[:, t, :, None] * k[:, t, None, :], state)
             states.append(state)
         if cache is not None:
             cache["state"] = state

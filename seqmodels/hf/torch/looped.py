@@ -73,7 +73,7 @@ class SeqmodelsLoopedModel(SeqmodelsPreTrainedModel):
         """``input_ids [B, N + 2]`` = ``[BOS] w [CLS]`` -> the normed hidden state at [CLS] ``[B, D]``."""
         looped = self.config.model["looped"]
         x = self._embed_padded(input_ids)
-        positions = torch.arange(x.shape[1], device=x.device)
+        positions = torch.arange(x.shape[1], device=x.device).expand(x.shape[0], -1)  # plain rows
         for block in self.prelude:
             x = block(x, positions)[0]
         inject = x

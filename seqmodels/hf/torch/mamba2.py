@@ -6,7 +6,8 @@ Per token t (heads H of P channels, state N; B and C shared by the heads)::
     h_t = exp(Delta A) h_{t-1} + B (Delta x)^T;  y = h_t^T C + D x
     out = W_out RMSNorm(y * silu(z))    (after_gate, all H P channels)  or  RMSNorm(y) * silu(z) per head
 
-The cache holds the convolutions' last inputs and the state; a fresh (empty) dict starts a row.
+The cache holds the convolutions' last inputs and the state; a fresh (empty) dict starts a row. Padding
+(``positions`` -1) is skipped by the convolutions and leaves the state unchanged.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layers import RMSNorm, ShortConv, step_and_log_decay
-from .recurrences import cached_state, conv_with_cache
+from .layers import RMSNorm, ShortConv, real_tokens, step_and_log_decay
+from .recurrences import cached_state, conv_with_cache, keep_real
 
 
 class Mamba2(nn.Module):
@@ -42,15 +43,15 @@ class Mamba2(nn.Module):
         self.out = nn.Linear(heads * head_dim, width, bias=False)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: dict | None = None):
-        del positions  # a recurrence
+        valid = real_tokens(positions)  # a recurrence: only which tokens are real matters
         batch, length = x.shape[:2]
-        ssm_input = F.silu(conv_with_cache(self.x_conv, self.x_proj(x), cache, "conv_x"))
+        ssm_input = F.silu(conv_with_cache(self.x_conv, self.x_proj(x), cache, "conv_x", valid))
         ssm_input = ssm_input.reshape(batch, length, self.heads, self.head_dim).float()
-        b = F.silu(conv_with_cache(self.b_conv, self.b_proj(x), cache, "conv_b")).float()
-        c = F.silu(conv_with_cache(self.c_conv, self.c_proj(x), cache, "conv_c")).float()
+        b = F.silu(conv_with_cache(self.b_conv, self.b_proj(x), cache, "conv_b", valid)).float()
+        c = F.silu(conv_with_cache(self.c_conv, self.c_proj(x), cache, "conv_c", valid)).float()
         delta, log_decay = step_and_log_decay(self.dt_proj(x), self.dt_bias, self.a_log)
         v = delta[..., None] * ssm_input
-        y = self.recurrence(c, b, v, log_decay, cache)
+        y = self.recurrence(c, b, v, log_decay, cache, valid)
         y = y + self.skip.float()[:, None] * ssm_input
         gate = self.gate(x).reshape(batch, length, self.heads, self.head_dim)
         if self.norm_after_gate:
@@ -63,11 +64,12 @@ class Mamba2(nn.Module):
         shape = (q.shape[0], self.heads, self.state_dim, self.head_dim)
         return [cached_state(cache, name, shape, q.device) for name in names]
 
-    def recurrence(self, q, k, v, log_decay, cache):
-        """``y [B, T, H, P]``: ``h = e^g h + k v^T; y = h^T q`` per token (q = C, k = B shared by the heads)."""
+    def recurrence(self, q, k, v, log_decay, cache, valid):
+        """``y [B, T, H, P]``: ``h = e^g h + k v^T; y = h^T q`` per real token (q = C, k = B shared by the heads)."""
         (state,), outputs = self._states(cache, ("state",), q), []
         for t in range(q.shape[1]):
-            state = torch.exp(log_decay[:, t])[..., None, None] * state + k[:, t, None, :, None] * v[:, t, :, None, :]
+            new = torch.exp(log_decay[:, t])[..., None, None] * state + k[:, t, None, :, None] * v[:, t, :, None, :]
+            state = keep_real(valid, t, new, state)
             outputs.append(torch.einsum("bn,bhnp->bhp", q[:, t], state))
         if cache is not None:
             cache["state"] = state

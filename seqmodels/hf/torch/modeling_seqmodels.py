@@ -14,7 +14,25 @@ operands with float32 accumulation).
 
 from __future__ import annotations
 
+# Every other file of the export, imported here one line each: transformers before 5 copies out of a local
+# directory only the files that this entry file imports itself (and then fails on what they import).
+from .ahn import AHNBlock  # noqa: F401
+from .atlas import Atlas  # noqa: F401
+from .atlas_hybrids import AtlasMAG  # noqa: F401
+from .atlas_memory_constants import NORM_EPS  # noqa: F401
+from .attention import Attention  # noqa: F401
+from .configuration_seqmodels import SeqmodelsConfig  # noqa: F401
+from .deltanet import DeltaNet  # noqa: F401
+from .layers import RMSNorm  # noqa: F401
 from .lm import SeqmodelsForCausalLM
+from .longhorn import LongHorn  # noqa: F401
 from .looped import SeqmodelsLoopedForSequenceClassification
+from .mamba2 import Mamba2  # noqa: F401
+from .mixers import MIXERS  # noqa: F401
+from .muonssm import MuonSSMMamba2  # noqa: F401
+from .newton_schulz import newton_schulz  # noqa: F401
+from .newton_schulz_coefficients import resolve_coefficients  # noqa: F401
+from .recurrences import delta_rule_scan  # noqa: F401
+from .special_tokens import ACCEPT_ID  # noqa: F401
 
 __all__ = ["SeqmodelsForCausalLM", "SeqmodelsLoopedForSequenceClassification"]

@@ -6,7 +6,7 @@ Each backbone's injection U_t goes through a momentum of conditioned injections:
 
 with ns_scope all: one normalisation over every head (mamba2 / longhorn: the shared key, gated_deltanet:
 the block-diagonal injection), head: each head (longhorn: each group) alone. The cache holds the
-backbone's and the momentum's state.
+backbone's and the momentum's state; a padded step leaves both unchanged (the momentum does not decay).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from .deltanet import DeltaNet
 from .longhorn import LongHorn
 from .mamba2 import Mamba2
 from .newton_schulz import block_rank_one_scale, rank_one_scale
-from .recurrences import cached_state
+from .recurrences import cached_state, keep_real
 
 
 class _Momentum:
@@ -45,20 +45,21 @@ class MuonSSMGatedDeltaNet(_Momentum, DeltaNet):
         DeltaNet.__init__(self, model, gated=True)
         self._set_momentum(model)
 
-    def recurrence(self, q, k, v, beta, log_decay, cache):
+    def recurrence(self, q, k, v, beta, log_decay, cache, valid):
         sum_squares = beta.square() * k.square().sum(-1) * v.square().sum(-1)
         scale = self.injection_scale(sum_squares, shared_key=False)
         if self.gamma == 0:
-            return DeltaNet.recurrence(self, q, k, scale[..., None] * v, beta, log_decay, cache)
+            return DeltaNet.recurrence(self, q, k, scale[..., None] * v, beta, log_decay, cache, valid)
         w = (scale * beta)[..., None] * v
         shape = (q.shape[0], self.heads, self.key_dim, self.value_dim)
         state, momentum = (cached_state(cache, name, shape, q.device) for name in ("state", "momentum"))
         decay_of_momentum, outputs = math.exp(math.log(self.gamma)), []
         for t in range(q.shape[1]):
-            momentum = decay_of_momentum * momentum + k[:, t, :, :, None] * w[:, t, :, None, :]
-            state = torch.exp(log_decay[:, t])[..., None, None] * state
-            predicted = torch.einsum("bhk,bhkv->bhv", k[:, t], state)
-            state = state - beta[:, t, :, None, None] * k[:, t, :, :, None] * predicted[:, :, None, :] + momentum
+            new_momentum = decay_of_momentum * momentum + k[:, t, :, :, None] * w[:, t, :, None, :]
+            decayed = torch.exp(log_decay[:, t])[..., None, None] * state
+            predicted = torch.einsum("bhk,bhkv->bhv", k[:, t], decayed)
+            new = decayed - beta[:, t, :, None, None] * k[:, t, :, :, None] * predicted[:, :, None, :] + new_momentum
+            state, momentum = keep_real(valid, t, new, state), keep_real(valid, t, new_momentum, momentum)
             outputs.append(self.key_dim ** -0.5 * torch.einsum("bhk,bhkv->bhv", q[:, t], state))
         if cache is not None:
             cache.update(state=state, momentum=momentum)
@@ -70,16 +71,17 @@ class MuonSSMMamba2(_Momentum, Mamba2):
         Mamba2.__init__(self, model)
         self._set_momentum(model)
 
-    def recurrence(self, q, k, v, log_decay, cache):
+    def recurrence(self, q, k, v, log_decay, cache, valid):
         sum_squares = k.square().sum(-1, keepdim=True) * v.square().sum(-1)  # [B, T, H]
         v = self.injection_scale(sum_squares, shared_key=True)[..., None] * v
         if self.gamma == 0:
-            return Mamba2.recurrence(self, q, k, v, log_decay, cache)
+            return Mamba2.recurrence(self, q, k, v, log_decay, cache, valid)
         (state, momentum), outputs = self._states(cache, ("state", "momentum"), q), []
         decay_of_momentum = math.exp(math.log(self.gamma))
         for t in range(q.shape[1]):
-            momentum = decay_of_momentum * momentum + k[:, t, None, :, None] * v[:, t, :, None, :]
-            state = torch.exp(log_decay[:, t])[..., None, None] * state + momentum
+            new_momentum = decay_of_momentum * momentum + k[:, t, None, :, None] * v[:, t, :, None, :]
+            new = torch.exp(log_decay[:, t])[..., None, None] * state + new_momentum
+            state, momentum = keep_real(valid, t, new, state), keep_real(valid, t, new_momentum, momentum)
             outputs.append(torch.einsum("bn,bhnp->bhp", q[:, t], state))
         if cache is not None:
             cache.update(state=state, momentum=momentum)
@@ -94,19 +96,20 @@ class MuonSSMLongHorn(LongHorn):
         self.ns = dict(steps=settings["ns_steps"], coefficients=settings["ns_coefficients"], eps=settings["ns_eps"])
         self.groups = 1 if settings["ns_scope"] == "all" else model["num_heads"]
 
-    def recurrence(self, keep, written, k, cache):
+    def recurrence(self, keep, written, k, cache, valid):
         grouped = written.reshape(*written.shape[:2], self.groups, -1)
         sum_squares = grouped.square().sum(-1) * k.square().sum(-1, keepdim=True)
         scale = self.tau * rank_one_scale(sum_squares, **self.ns)
         written = scale.repeat_interleave(self.channels // self.groups, dim=-1) * written
         if self.gamma == 0:
-            return LongHorn.recurrence(self, keep, written, k, cache)
+            return LongHorn.recurrence(self, keep, written, k, cache, valid)
         shape = (keep.shape[0], self.channels, self.state_dim)
         state, velocity = (cached_state(cache, name, shape, keep.device) for name in ("state", "velocity"))
         states = []
         for t in range(keep.shape[1]):
-            velocity = self.gamma * velocity + written[:, t, :, None] * k[:, t, None, :]
-            state = keep[:, t] * state + velocity
+            new_velocity = self.gamma * velocity + written[:, t, :, None] * k[:, t, None, :]
+            state = keep_real(valid, t, keep[:, t] * state + new_velocity, state)
+            velocity = keep_real(valid, t, new_velocity, velocity)
             states.append(state)
         if cache is not None:
             cache.update(state=state, velocity=velocity)

@@ -57,6 +57,15 @@ def test_exported_modules_import_only_torch_transformers_and_each_other():
             assert roots <= {"torch", "transformers", "math", "collections", "__future__"}, (name, roots)
 
 
+def test_the_entry_file_imports_every_exported_module_itself():
+    """transformers 4.x copies out of a local export only the modules ``modeling_seqmodels.py`` imports directly."""
+    import re
+    files = exported_files()
+    entry = files["modeling_seqmodels.py"].read_text()
+    imported = set(re.findall(r"^from\s+\.(\S+)\s+import", entry, flags=re.MULTILINE))
+    assert imported == {name[:-len(".py")] for name in files} - {"modeling_seqmodels"}
+
+
 @pytest.mark.slow
 def test_transformers_loads_the_export_offline_with_every_tensor_used(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -84,8 +93,8 @@ def test_the_sliding_window_cache_keeps_only_the_sinks_and_the_window(tmp_path):
         output = model(tokens[:, :1], use_cache=True)
         for t in range(1, 40):
             output = model(tokens[:, t:t + 1], cache=output.cache, use_cache=True)
-            kept = output.cache.layers[0]["positions"]
-            assert kept.tolist() == list(range(min(sinks, t + 1))) + list(range(max(sinks, t + 1 - window), t + 1))
+            kept = output.cache.layers[0]["positions"]  # [B, S]: each row's positions
+            assert kept[0].tolist() == list(range(min(sinks, t + 1))) + list(range(max(sinks, t + 1 - window), t + 1))
     assert output.cache.seen == 40
 
 
@@ -114,8 +123,8 @@ def test_the_ahn_cache_keeps_sinks_ring_and_state_and_does_not_grow(tmp_path):
             output = model(tokens[:, t:t + 1], cache=output.cache, use_cache=True)
             layer = output.cache.layers[0]
             recent = list(range(max(sinks, t + 1 - ring), t + 1))
-            assert layer["attention"]["positions"].tolist() == list(range(min(sinks, t + 1))) + recent
-            assert layer["compressor"]["pending"]["positions"].tolist() == recent
+            assert layer["attention"]["positions"][0].tolist() == list(range(min(sinks, t + 1))) + recent
+            assert layer["compressor"]["pending"]["positions"][0].tolist() == recent
             sizes[t] = _tensor_bytes(output.cache.layers[0]) * len(output.cache.layers)
     assert len({sizes[t] for t in range(window, 40)}) == 1, sizes
 
@@ -235,7 +244,7 @@ def test_export_py_exports_a_trained_hybrid_run_and_refuses_bad_steps_and_full_d
     for (path, expected), (_, got) in zip(_leaves(nnx_params(model)), _leaves(nnx_params(load_pretrained(out)))):
         np.testing.assert_array_equal(got, expected, err_msg=path)
     one_device = jax.device_put(jax.device_get(nnx_params(model)), jax.devices()[0])
-    single = export_model(config.model, one_device, tmp_path / "one_device")
+    single = export_model(config.model, one_device, tmp_path / "one_device", tokenizer=config.data.tokenizer)
     for name in sorted(path.name for path in single.iterdir()):
         assert (single / name).read_bytes() == (out / name).read_bytes(), name
     (out / "mine.txt").write_text("keep")

@@ -14,9 +14,11 @@ from export_parity import (BASE_CONFIG, CAUSAL_KINDS, CONFIGS, HYBRID, LOGIT_TOL
                            SETTING_VARIANTS, config_name, hybrid_config, looped_config, measure_looped, measure_lm,
                            parity_row, random_params, setting_variant_config, tiny_config)
 
+from seqmodels.hf.formats import export_format
 from seqmodels.mixers import MIXERS
 
 FAST = {"swa", "deltanet", "mamba2", "longhorn"}  # under ~20 s here; the others are marked slow
+EXPORTED_AS = {"llama": "LlamaForCausalLM", "mamba2": "Mamba2ForCausalLM", "seqmodels": "SeqmodelsForCausalLM"}
 LM_CONFIGS = [path for path in CONFIGS if tiny_config(path).kind in CAUSAL_KINDS]  # the AHN configs too
 
 
@@ -31,9 +33,7 @@ def test_export_matches_jax_logits_and_greedy_tokens(tmp_path, path):
     config = tiny_config(path)
     result = measure_lm(config, random_params(config), tmp_path / "hf")
     print(parity_row(config_name(path), config, result))  # the README's table row (pytest -rP shows it)
-    plain_llama = config.kind == "lm" and set(config.mixers) == {"attention"}
-    expected = "LlamaForCausalLM" if plain_llama else "SeqmodelsForCausalLM"
-    assert result["architecture"] == expected
+    assert result["architecture"] == EXPORTED_AS[export_format(config)]  # Transformer++, Mamba2: transformers' own
     assert result["logit_scale"] > 1.0  # the tolerance is absolute on O(1) logits
     assert result["max_abs"] < LOGIT_TOLERANCE, result["max_abs"]
     assert result["cached_max_abs"] < LOGIT_TOLERANCE, result["cached_max_abs"]  # the decoding cache's recurrent form

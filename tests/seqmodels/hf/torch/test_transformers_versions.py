@@ -1,0 +1,116 @@
+"""A ``model_type: seqmodels`` export loads and runs alike under every transformers version in ``VERSIONS``.
+
+One causal export (``[swa, gated_deltanet, mamba2]`` with the byte-level tokenizer) and one looped
+classifier, with the JAX models' logits (and greedy tokens), are made once per test process; each version
+runs ``transformers_version_check.py`` in an environment of its own: a venv under ``TRANSFORMERS_ENVS``
+(the repository's ``.cache/``, kept between runs) with ``pip install transformers==X`` and whatever of
+its dependencies the version pins differently, on top of this venv's packages (a ``.pth`` file adds this
+venv's site-packages after its own, so torch is this one's and is not downloaded). A failed install
+fails the test with the command that failed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import json
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from export_parity import BASE_CONFIG, LENGTH, LOGIT_TOLERANCE, NEW_TOKENS, PROMPT, jax_logits, jax_model, \
+    looped_config, random_params, tiny_config
+
+ROOT = Path(__file__).resolve().parents[4]
+CHECK = Path(__file__).with_name("transformers_version_check.py")
+TRANSFORMERS_ENVS = ROOT / ".cache" / "transformers_versions"
+
+
+def pinned_version() -> str:
+    for line in (ROOT / "requirements.txt").read_text().splitlines():
+        if line.startswith("transformers=="):
+            return line.split("==")[1].strip()
+    raise AssertionError("requirements.txt pins no transformers version")
+
+
+# the last 4.x release line, the release before the pinned one, and the pinned one (requirements.txt)
+VERSIONS = ("4.57.6", "5.23.0", pinned_version())
+
+
+def _run(command: list[str], what: str) -> str:
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        pytest.fail(f"{what} failed (exit {result.returncode}): {' '.join(map(str, command))}\n"
+                    f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}", pytrace=False)
+    return result.stdout
+
+
+def transformers_environment(version: str) -> Path:
+    """The python of a venv with ``transformers==version`` over this venv's packages (made once, then reused)."""
+    TRANSFORMERS_ENVS.mkdir(parents=True, exist_ok=True)
+    root = TRANSFORMERS_ENVS / f"transformers-{version}"
+    python = root / "bin" / "python"
+    with open(TRANSFORMERS_ENVS / f"transformers-{version}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two test workers never build one environment at once
+        if (root / "ready").is_file():
+            return python
+        _run([sys.executable, "-m", "venv", "--clear", str(root)], "creating the venv")
+        own = Path(_run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                        "asking the venv for its site-packages").strip())
+        (own / "zz_base_venv.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")  # after its own packages
+        _run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+              f"transformers=={version}"], f"installing transformers {version}")
+        installed = _run([str(python), "-c", "import transformers; print(transformers.__version__)"],
+                         f"importing transformers {version}").strip()
+        if installed != version:
+            pytest.fail(f"{root} imports transformers {installed}, not {version}", pytrace=False)
+        (root / "ready").write_text(version + "\n")
+    return python
+
+
+@pytest.fixture(scope="module")
+def export_and_expected(tmp_path_factory):
+    """The export's directory and an ``.npz`` of the JAX model's logits and greedy tokens for it."""
+    from seqmodels.hf.export import export_model
+    from seqmodels.models.lm import generate
+    config = dataclasses.replace(tiny_config(BASE_CONFIG), vocab_size=258, mixers=("swa", "gated_deltanet", "mamba2"))
+    params = random_params(config)
+    directory = export_model(config, params, tmp_path_factory.mktemp("export") / "hf", tokenizer="byte")
+    tokens = np.random.default_rng(0).integers(0, config.vocab_size, size=(2, LENGTH))
+    model = jax_model(config, params)
+    expected = directory.parent / "expected.npz"
+    np.savez(expected, tokens=tokens, logits=np.asarray(jax_logits(model, jnp.asarray(tokens))),
+             greedy=np.asarray(generate(model, tokens[:, :PROMPT], NEW_TOKENS)[0]), prompt=PROMPT,
+             new_tokens=NEW_TOKENS, pad_id=257)
+    config = looped_config("looped_cfl")
+    params = random_params(config, noise=0.2)
+    looped = export_model(config, params, directory.parent / "looped")
+    rows = np.concatenate([np.full((4, 1), 5), np.random.default_rng(1).integers(6, 26, size=(4, 6)),
+                           np.full((4, 1), 2)], axis=1)  # [BOS] w [CLS]
+    looped_expected = directory.parent / "looped.npz"
+    np.savez(looped_expected, tokens=rows, logits=np.asarray(jax_logits(jax_model(config, params), jnp.asarray(rows))))
+    return directory, expected, looped, looped_expected
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version", VERSIONS)
+def test_the_export_gives_jax_logits_greedy_tokens_and_byte_ids_under_transformers(version, export_and_expected):
+    python = transformers_environment(version)
+    output = _run([str(python), str(CHECK), *map(str, export_and_expected)], f"the check under transformers {version}")
+    lines = [line for line in output.splitlines() if line.startswith("result: ")]
+    assert len(lines) == 1, output
+    result = json.loads(lines[0][len("result: "):])
+    print(f"| {version} | {result['torch']} | {result['max_abs']:.2e} | {result['cached_max_abs']:.2e} | "
+          f"{result['greedy_equal']} | {result['padded_generation_equal']} | {result['tokenizer']['ids_equal']} | "
+          f"{result['looped']['max_abs']:.2e} |")
+    assert result["transformers"] == version and result["architecture"] == "SeqmodelsForCausalLM"
+    assert result["max_abs"] < LOGIT_TOLERANCE and result["cached_max_abs"] < LOGIT_TOLERANCE, result
+    assert result["greedy_equal"] and result["padded_generation_equal"], result
+    assert result["tokenizer"] == {"ids_equal": True, "decoded_equal": True, "bos_id": 256, "eos_id": 257,
+                                   "class": result["tokenizer"]["class"]}, result
+    assert result["looped"]["architecture"] == "SeqmodelsLoopedForSequenceClassification"
+    assert result["looped"]["max_abs"] < LOGIT_TOLERANCE, result["looped"]
