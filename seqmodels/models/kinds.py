@@ -73,6 +73,7 @@ class ModelKind:
     base: BaseCheckpoint | None
     suites: tuple[str, ...]  # the evaluation suites that measure a model of the kind
     export: ExportClass
+    context_parallel: bool = False  # runs with the sequence split over mesh.context (its mixers permitting)
 
 
 def _init_from_directory(value: str) -> str:
@@ -105,7 +106,7 @@ KINDS: dict[str, ModelKind] = {kind.name: kind for kind in (
     ModelKind("lm", "a language model", LM, lm_flops_per_token, None,
               BaseCheckpoint("init_from", _init_from_directory, _lm_adopt, _lm_merge, CONTINUED_PRETRAINING_LR,
                              "continued pretraining: the default of transformers' TrainingArguments"),
-              ("perplexity", "recall", "cfl"), CAUSAL_LM),
+              ("perplexity", "recall", "cfl"), CAUSAL_LM, context_parallel=True),
     ModelKind("looped", "a looped model", LoopedModel, looped_flops_per_token, None, None, ("cfl",),
               ExportClass("SeqmodelsLoopedForSequenceClassification", "AutoModelForSequenceClassification",
                           labels=("reject", "accept"))),  # the head's <reject>, <accept> columns
@@ -121,6 +122,15 @@ def model_kind(model: ModelConfig) -> ModelKind:
     if model.kind not in KINDS:
         raise ConfigError(f"model.kind: unknown kind {model.kind!r}; known kinds: {', '.join(KINDS)}")
     return KINDS[model.kind]
+
+
+def check_context_parallel_kind(model: ModelConfig, context: int) -> None:
+    """``ConfigError`` when ``context > 1`` and the kind has no context-parallel form."""
+    kind = model_kind(model)
+    if context > 1 and not kind.context_parallel:
+        ready = ", ".join(name for name, other in KINDS.items() if other.context_parallel)
+        raise ConfigError(f"mesh.context={context}: {kind.description} (model.kind={kind.name}) cannot yet run with "
+                          f"the sequence split over devices (context-parallel kinds: {ready}); use mesh.context=1")
 
 
 def build_model(config: ModelConfig, *, seed: int = 0):
