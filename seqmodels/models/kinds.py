@@ -2,9 +2,10 @@
 which checkpoint it starts from, which evaluation suites measure it and how it exports.
 
     kind    builds       trains           starts from (its base)                 eval suites              exports as
-    lm      LM           every parameter  model.init_from (hf:DIR)               perplexity, recall, cfl  causal LM
+    lm      LM           every parameter  model.init_from (hf:DIR)               perplexity, recall,      causal LM
+                                                                                 cfl, ruler
     looped  LoopedModel  every parameter  nothing                                cfl                      classifier
-    ahn     AHNModel     its compressors  model.ahn.base (Hugging Face or run)   ahn                      causal LM
+    ahn     AHNModel     its compressors  model.ahn.base (Hugging Face or run)   ahn, ruler               causal LM
 
 (the cfl suite also needs a run trained on ``data.source=cfl``: ``eval.py``).
 
@@ -106,14 +107,14 @@ KINDS: dict[str, ModelKind] = {kind.name: kind for kind in (
     ModelKind("lm", "a language model", LM, lm_flops_per_token, None,
               BaseCheckpoint("init_from", _init_from_directory, _lm_adopt, _lm_merge, CONTINUED_PRETRAINING_LR,
                              "continued pretraining: the default of transformers' TrainingArguments"),
-              ("perplexity", "recall", "cfl"), CAUSAL_LM, context_parallel=True),
+              ("perplexity", "recall", "cfl", "ruler"), CAUSAL_LM, context_parallel=True),
     ModelKind("looped", "a looped model", LoopedModel, looped_flops_per_token, None, None, ("cfl",),
               ExportClass("SeqmodelsLoopedForSequenceClassification", "AutoModelForSequenceClassification",
                           labels=("reject", "accept"))),  # the head's <reject>, <accept> columns
     ModelKind("ahn", "an AHN run", AHNModel, ahn_flops_per_token, trainable_path,
               BaseCheckpoint("ahn.base", str, _ahn_adopt, _ahn_merge, AHN_COMPRESSOR_LR,
                              "AHN's compressors over a frozen base: the rate of configs/ahn_*.yaml"),
-              ("ahn",), CAUSAL_LM),
+              ("ahn", "ruler"), CAUSAL_LM),
 )}
 
 
