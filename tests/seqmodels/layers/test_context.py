@@ -225,6 +225,8 @@ def test_split_attention_equals_the_whole_row_and_moves_only_what_its_form_needs
     found = {"gather-row" if f"4x{LENGTH}x2x8" in line else "gather-sinks" for line in gathers if "x2x8" in line}
     found |= {"permute"} if "collective_permute" in program else set()
     assert found == moved, (found, gathers)
+    if window is None and context_impl == "ring":  # rounds r = 1 .. C - 1, each skipped on shards j < r
+        assert program.count("stablehlo.case") == 3, program.count("stablehlo.case")
 
 
 def test_split_attention_by_ring_equals_the_whole_row_bidirectional_and_on_8_shards():
