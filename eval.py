@@ -8,7 +8,13 @@ Loads the run's resolved config and its latest (or ``--step``) checkpoint, then 
 on ``--examples`` fresh strings per cell drawn with ``--cfl-seed``) and ``ahn`` (an AHN run: loss beyond
 the window at ``--ahn-multiples`` x ``--ahn-window`` tokens for full attention, sliding window alone and
 AHN, needle retrieval from before the window, FLOPs and cache bytes at 32k / 128k tokens; also a
-markdown table beside ``--out`` as ``<stem>_ahn.md``).
+markdown table beside ``--out`` as ``<stem>_ahn.md``) and ``ruler`` (RULER's synthetic tasks
+``--ruler-tasks`` at the prompt lengths ``--lengths`` in the run's tokens, capped at ``model.max_seq_len``,
+``--ruler-examples`` per needle depth of ``--ruler-depths``, from ``--ruler-seed``; greedy decoding scored
+by RULER's string match, with 95 % bootstrap intervals; a task x length table beside ``--out`` as
+``<stem>_ruler.md`` and a depth x length heatmap per task as ``<stem>_ruler_<task>.png``).
+The perplexity suite reads the held-out sample of ``data.heldout_seed`` (``seqmodels.data.heldout_sample``)
+and gives a 95 % bootstrap interval over its documents.
 Writes JSON to ``--out`` (default ``<run>/eval.json``) and prints it.
 """
 
@@ -47,8 +53,18 @@ def _ahn(model, config, args) -> dict:
                                 retrieval_examples=args.needles)}
 
 
+def _ruler(model, config, args) -> dict:
+    from seqmodels.evaluation.ruler import evaluate_ruler
+    result = evaluate_ruler(model, config, tasks=args.ruler_tasks_list, lengths=args.lengths_list,
+                            depths=args.ruler_depths_list, per_depth=args.ruler_examples, seed=args.ruler_seed,
+                            batch_size=args.batch_size)
+    for length, why in result["skipped_lengths"].items():
+        print(f"ruler: length {length} left out: {why}", file=sys.stderr)
+    return {"ruler": result}
+
+
 # suite -> run(model, config, args) -> its entries of the results; suites run in this order
-SUITES = {"perplexity": _perplexity, "recall": _recall, "cfl": _cfl, "ahn": _ahn}
+SUITES = {"perplexity": _perplexity, "recall": _recall, "cfl": _cfl, "ahn": _ahn, "ruler": _ruler}
 
 
 def parse_args(argv):
@@ -58,13 +74,20 @@ def parse_args(argv):
     parser.add_argument("--suites", default="perplexity", help=f"comma-separated, from {tuple(SUITES)}")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--max-batches", type=int, default=16)
-    parser.add_argument("--lengths", default="16,32,48,64,96,128", help="cfl: string lengths to evaluate")
+    parser.add_argument("--lengths", default="16,32,48,64,96,128",
+                        help="cfl: string lengths to evaluate; ruler: prompt + answer lengths in the run's tokens "
+                             "(e.g. 1024,2048,4096)")
     parser.add_argument("--examples", type=int, default=256, help="cfl: strings per language and length")
     parser.add_argument("--cfl-seed", type=int, default=1234,
                         help="cfl: seed of the evaluation strings (experiments/cfl/run.py's --eval-seed default is 1234)")
     parser.add_argument("--ahn-window", type=int, help="ahn: the window to evaluate (default: model.ahn.window)")
     parser.add_argument("--ahn-multiples", default="2,4,8", help="ahn: evaluation lengths as multiples of the window")
     parser.add_argument("--needles", type=int, default=16, help="ahn: needle retrieval examples")
+    parser.add_argument("--ruler-tasks", default="all", help="ruler: comma-separated tasks, or all (see "
+                                                                  "seqmodels.data.ruler_tasks.TASKS)")
+    parser.add_argument("--ruler-depths", default="0,0.25,0.5,0.75,1", help="ruler: needle depths (fractions)")
+    parser.add_argument("--ruler-examples", type=int, default=4, help="ruler: examples per task, length and depth")
+    parser.add_argument("--ruler-seed", type=int, default=42, help="ruler: seed of the prompts (RULER's default 42)")
     parser.add_argument("--out", help="JSON path (default: <run>/eval.json); the perplexity plot is written "
                                       "beside it as <stem>_loss_by_position.png")
     return parser.parse_args(argv)
@@ -72,7 +95,14 @@ def parse_args(argv):
 
 # What a suite needs of the run's data, beyond a model kind that lists it (seqmodels.models.kinds): (test, in words).
 DATA_NEEDS = {"cfl": (lambda config: config.data.source == "cfl",
-                      "a run trained on data.source=cfl (its accept/reject tokens)")}
+                      "a run trained on data.source=cfl (its accept/reject tokens)"),
+              "ruler": (lambda config: _encodes_text(config),
+                        "a run trained on text encoded by data.tokenizer (the prompts are text)")}
+
+
+def _encodes_text(config) -> bool:
+    from seqmodels.data.sources import get_source
+    return get_source(config.data.source).encodes_text
 
 
 def check_args(args) -> tuple[list[str], list[int]]:
@@ -83,7 +113,7 @@ def check_args(args) -> tuple[list[str], list[int]]:
     unknown = [s for s in suites if s not in SUITES]
     if unknown:
         raise ConfigError(f"unknown suite(s) {unknown}; choose from {list(SUITES)}")
-    for flag in ("batch_size", "max_batches", "examples", "needles"):
+    for flag in ("batch_size", "max_batches", "examples", "needles", "ruler_examples"):
         if getattr(args, flag) < 1:
             raise ConfigError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     try:
@@ -100,7 +130,28 @@ def check_args(args) -> tuple[list[str], list[int]]:
     if any(n < 2 for n in args.ahn_multiples_list):
         raise ConfigError(f"--ahn-multiples {args.ahn_multiples!r}: every multiple must be >= 2 (the window itself "
                           "leaves nothing beyond it)")
+    _check_ruler_args(args)
     return suites, lengths
+
+
+def _check_ruler_args(args) -> None:
+    """``args.ruler_tasks_list`` / ``args.ruler_depths_list`` from their flags; ``ConfigError`` naming a bad one."""
+    from seqmodels.data.ruler_tasks import TASKS
+    names = [t.strip() for t in args.ruler_tasks.split(",") if t.strip()]
+    args.ruler_tasks_list = list(TASKS) if names == ["all"] else names
+    unknown = [t for t in args.ruler_tasks_list if t not in TASKS]
+    if unknown or not args.ruler_tasks_list:
+        raise ConfigError(f"--ruler-tasks {args.ruler_tasks!r}: unknown or no task(s) {unknown}; choose from all, "
+                          f"{', '.join(TASKS)}")
+    try:
+        args.ruler_depths_list = [float(d) for d in args.ruler_depths.split(",")]
+    except ValueError:
+        raise ConfigError(f"--ruler-depths {args.ruler_depths!r}: expected comma-separated fractions, e.g. 0,0.5,1") \
+            from None
+    if any(not 0.0 <= d <= 1.0 for d in args.ruler_depths_list):
+        raise ConfigError(f"--ruler-depths {args.ruler_depths!r}: every depth must be in [0, 1]")
+    if args.ruler_seed < 0:
+        raise ConfigError(f"--ruler-seed must be >= 0, got {args.ruler_seed}")
 
 
 def _unmet_need(suite: str, config) -> str | None:
@@ -132,7 +183,7 @@ def check_out(out: Path) -> None:
 
 
 def write_results(results: dict, out: Path) -> None:
-    """Write ``out`` (and the perplexity plot and AHN table beside it) only now that every suite has run.
+    """Write ``out`` (and the perplexity plot, AHN table, RULER table and heatmaps beside it) only now that every suite has run.
 
     Each file is written to a hidden temporary beside it and renamed into place, so a reader never sees
     a partial file; when any write fails, every temporary is removed and no file of this evaluation is left.
@@ -152,6 +203,11 @@ def write_results(results: dict, out: Path) -> None:
         if "ahn" in results:
             from seqmodels.evaluation.ahn import markdown_table
             temporary(out.with_name(out.stem + "_ahn.md")).write_text(markdown_table(results["ahn"]))
+        if "ruler" in results:
+            from seqmodels.evaluation.ruler import markdown_table as ruler_table, plot_heatmap
+            temporary(out.with_name(out.stem + "_ruler.md")).write_text(ruler_table(results["ruler"]))
+            for task in results["ruler"]["tasks"]:
+                plot_heatmap(results["ruler"], task, temporary(out.with_name(f"{out.stem}_ruler_{task}.png")))
         temporary(out).write_text(json.dumps(results, indent=2))
         for path, final in writes:
             path.replace(final)

@@ -2,13 +2,17 @@
 
     python benchmarks/atlas_speed.py       # on a GPU -> benchmarks/results/atlas_speed.json
     python benchmarks/atlas_speed.py --small --out scratch/atlas_speed.json        # CPU smoke run, tiny models
+    XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1" \
+        python benchmarks/atlas_speed.py --cpu --models atlas,gated_deltanet --out scratch/atlas_cpu.json
 
 Every model is ``configs/<name>.yaml`` reshaped to the same ~125M shape (12 layers of
 d_model 768, 12 heads, SwiGLU MLPs, a 50,304-row embedding tied to the head, bf16 compute),
 trained by the project's own jitted train step (AdamW) on random tokens ``[batch, T]``
-(``--small``: 2 layers of d_model 64 at T = 64 in float32, for CPU). For
+(``--small``: 2 layers of d_model 64 at T = 64 in float32, for CPU; ``--cpu``: 2 layers of d_model 128,
+4 heads, T = 256, batch 2, float32, the byte-level vocabulary: the CPU speed target). For
 each: parameters, median step time over ``--iters`` steps after ``--warmup``, training tokens/s
-and the peak device memory (where the backend reports it). Models whose mixer is not registered
+and the peak device memory (where the backend reports it); ``speed_vs_transformer`` and
+``speed_vs_gated_deltanet``: tokens/s over that model's in the same run. Models whose mixer is not registered
 in this build (e.g. ``gated_deltanet`` before the recurrent mixers land) are listed as skipped.
 
 Share of time in Newton–Schulz, measured two ways in the same run:
@@ -48,6 +52,7 @@ RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 MODELS = ("atlas", "gated_deltanet", "transformer")
 FULL = {"d_model": 768, "heads": 12, "layers": 12, "vocab": 50304, "seq_len": 4096, "batch": 2, "dtype": "bfloat16"}
 SMALL = {"d_model": 64, "heads": 2, "layers": 2, "vocab": 512, "seq_len": 64, "batch": 2, "dtype": "float32"}
+CPU = {"d_model": 128, "heads": 4, "layers": 2, "vocab": 320, "seq_len": 256, "batch": 2, "dtype": "float32"}
 
 
 def model_config(name: str, shape: dict, extra=()):
@@ -149,7 +154,9 @@ def measure(name: str, shape: dict, args) -> dict:
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--small", action="store_true", help="tiny models at T = 64 (a CPU smoke run)")
+    shapes = parser.add_mutually_exclusive_group()
+    shapes.add_argument("--small", action="store_true", help="tiny models at T = 64 (a CPU smoke run)")
+    shapes.add_argument("--cpu", action="store_true", help="d_model 128, 4 heads, 2 layers, T = 256, batch 2 (CPU)")
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated config names")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--iters", type=int, default=5)
@@ -159,16 +166,17 @@ def parse_args(argv):
 
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    shape = SMALL if args.small else FULL
+    shape = SMALL if args.small else CPU if args.cpu else FULL
     report = {"device": jax.devices()[0].device_kind, "backend": jax.default_backend(), "shape": shape,
               "jax": jax.__version__, "models": {}}
     for name in (n.strip() for n in args.models.split(",") if n.strip()):
         report["models"][name] = measure(name, shape, args)
         print(name, json.dumps(report["models"][name], default=str), flush=True)
-    reference = report["models"].get("transformer", {}).get("tokens_per_second")
-    for result in report["models"].values():
-        if reference and "tokens_per_second" in result:
-            result["speed_vs_transformer"] = result["tokens_per_second"] / reference
+    for baseline in ("transformer", "gated_deltanet"):
+        reference = report["models"].get(baseline, {}).get("tokens_per_second")
+        for result in report["models"].values():
+            if reference and "tokens_per_second" in result:
+                result[f"speed_vs_{baseline}"] = result["tokens_per_second"] / reference
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2, default=str))

@@ -121,11 +121,14 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class MeshConfig:
-    """Device mesh. Sizes multiply to the device count; one of them may be -1 (fill)."""
+    """Device mesh. Sizes data x fsdp x context x tensor multiply to the device count; data, fsdp or tensor
+    may be -1 (fill)."""
 
     data: int = describe("data-parallel axis size (-1 = all remaining devices)", -1)
     fsdp: int = describe("fully-sharded data-parallel axis size (parameters sharded, batch split)", 1)
     tensor: int = describe("tensor-parallel axis size (heads / MLP hidden / vocab split)", 1)
+    context: int = describe("context-parallel axis size: each row's data.seq_len tokens are split into this many "
+                            "contiguous shards, one per device (must divide data.seq_len)", 1)
     dcn_data: int = describe("of mesh.data, how many ways are across slices / hosts (DCN); the rest is within "
                              "a slice (ICI)", 1)
     dcn_fsdp: int = describe("of mesh.fsdp, how many ways are across slices / hosts (DCN)", 1)
@@ -135,6 +138,7 @@ class MeshConfig:
         sizes = (self.data, self.fsdp, self.tensor)
         _require(all(s == -1 or s >= 1 for s in sizes), "mesh", f"sizes must be >= 1 or -1, got {sizes}")
         _require(sizes.count(-1) <= 1, "mesh", f"at most one size may be -1, got {sizes}")
+        _require(self.context >= 1, "mesh.context", f"must be >= 1 (1 = the sequence is not split), got {self.context}")
         for axis in ("data", "fsdp", "tensor"):
             dcn, size = getattr(self, f"dcn_{axis}"), getattr(self, axis)
             _require(dcn >= 1, f"mesh.dcn_{axis}", f"must be >= 1, got {dcn}")

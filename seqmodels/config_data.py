@@ -103,6 +103,8 @@ class DataConfig:
     heldout_fraction: float = describe("share of documents held out for evaluation (chosen by hash)", 0.02)
     max_documents: int = describe("use at most this many documents; 0 = all", 0)
     seed: int = describe("seed of the document shuffle (generated tasks: of the generated examples)", 0)
+    heldout_seed: int = describe("seed of the held-out sample: evaluation reads the held-out documents in the "
+                                 "random order this seed draws, each cut to one row (data.seq_len + 1 tokens)", 0)
     synthetic: SyntheticConfig = describe("generated recall tasks (data.source = mqar | selective_copy)",
                                           factory=SyntheticConfig)
     needle_key_length: int = describe("needle: digits of the key of the needle (and of the query)", 2)
@@ -127,7 +129,8 @@ class DataConfig:
                  f"must be in (0, 1), got {self.heldout_fraction}")
         _require(self.max_documents >= 0, "data.max_documents", "must be >= 0")
         _require(bool(self.text_field), "data.text_field", "must not be empty")
-        _require_at_least(self, "data", needle_key_length=1, needle_value_length=1, needle_distractors=0, seed=0)
+        _require_at_least(self, "data", needle_key_length=1, needle_value_length=1, needle_distractors=0, seed=0,
+                          heldout_seed=0)
         if self.source == "needle":
             shortest = needle_min_length(self.needle_key_length, self.needle_value_length, self.needle_distractors)
             _require(self.seq_len + 1 >= shortest, "data.seq_len",

@@ -3,12 +3,17 @@
 Model code names *logical* axes only (``batch``, ``embed``, ``heads`` ...): parameters carry them as
 ``logical_axes`` metadata (see ``seqmodels.layers.common.param``) and activations are constrained
 with ``constrain(x, ("batch", "seq", "embed"))``. ``RULES`` below is the only place that says which
-mesh axis (``data``, ``fsdp``, ``tensor``) a logical axis is split over:
+mesh axis (``data``, ``fsdp``, ``context``, ``tensor``) a logical axis is split over:
 
     batch      -> (data, fsdp)   sequences are split over every data-parallel axis
+    seq        -> context        each row's tokens are split into contiguous shards (context parallelism)
     embed      -> fsdp           parameters are sharded over fsdp on their model dimension
     mlp, heads, kv_heads, vocab -> tensor
-    everything else (seq, head_dim, state, conv, layers, ...) -> replicated
+    everything else (head_dim, state, conv, layers, ...) -> replicated
+
+Under ``mesh.context > 1`` the operations that mix tokens run per shard with explicit collectives
+(``seqmodels.layers.context``); everything token-wise (projections, MLPs, norms, the loss) is plain
+SPMD over the sharded sequence.
 
 A dimension whose size the mesh axes do not divide is left replicated (``logical_spec`` with
 ``shape``), so small models still run on large meshes.
@@ -25,10 +30,14 @@ from jax.experimental import mesh_utils
 from flax.nnx import traversals
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-MESH_AXES = ("data", "fsdp", "tensor")
+# The order lays the axes out on the interconnect: the innermost (tensor, then context) get the fastest links.
+MESH_AXES = ("data", "fsdp", "context", "tensor")
+# The mesh axis a row's tokens are split over; only seqmodels.layers.context names it inside shard_map.
+SEQUENCE_AXIS = "context"
 
 RULES: dict[str, tuple[str, ...]] = {
     "batch": ("data", "fsdp"),
+    "seq": (SEQUENCE_AXIS,),
     "embed": ("fsdp",),
     "mlp": ("tensor",),
     "heads": ("tensor",),
@@ -38,7 +47,7 @@ RULES: dict[str, tuple[str, ...]] = {
 
 
 def make_mesh(mesh_config, devices: Sequence | None = None) -> Mesh:
-    """A ``(data, fsdp, tensor)`` mesh over ``devices`` (default: all) laid out on the interconnect.
+    """A ``(data, fsdp, context, tensor)`` mesh over ``devices`` (default: all) laid out on the interconnect.
 
     One size may be -1 (fill). Within a slice (ICI) ``mesh_utils.create_device_mesh`` orders the
     devices by the physical topology (TPU torus, GPU NVLink islands; plain order on CPU), so the
@@ -48,17 +57,17 @@ def make_mesh(mesh_config, devices: Sequence | None = None) -> Mesh:
     multi-slice meshes.
     """
     devices = list(jax.devices() if devices is None else devices)
-    sizes = [mesh_config.data, mesh_config.fsdp, mesh_config.tensor]
+    sizes = [mesh_config.data, mesh_config.fsdp, getattr(mesh_config, "context", 1), mesh_config.tensor]
     known = int(np.prod([s for s in sizes if s != -1]))
     if -1 in sizes:
         if len(devices) % known:
             raise ValueError(f"mesh: {len(devices)} devices cannot be split into {sizes}")
         sizes[sizes.index(-1)] = len(devices) // known
     if int(np.prod(sizes)) != len(devices):
-        raise ValueError(f"mesh: sizes data={sizes[0]} fsdp={sizes[1]} tensor={sizes[2]} multiply to "
+        raise ValueError(f"mesh: sizes data={sizes[0]} fsdp={sizes[1]} context={sizes[2]} tensor={sizes[3]} multiply to "
                          f"{int(np.prod(sizes))}, but there are {len(devices)} devices")
     dcn = [getattr(mesh_config, f"dcn_{axis}", 1) for axis in MESH_AXES]
-    if dcn == [1, 1, 1]:
+    if all(ways == 1 for ways in dcn):
         grid = mesh_utils.create_device_mesh(sizes, devices, allow_split_physical_axes=True)
         return Mesh(grid, MESH_AXES)
     if any(size % ways for size, ways in zip(sizes, dcn)):
@@ -67,7 +76,7 @@ def make_mesh(mesh_config, devices: Sequence | None = None) -> Mesh:
     by_process = not hasattr(devices[0], "slice_index")
     granules = len({d.process_index for d in devices}) if by_process else len({d.slice_index for d in devices})
     if int(np.prod(dcn)) != granules:
-        raise ValueError(f"mesh: dcn_data x dcn_fsdp x dcn_tensor = {int(np.prod(dcn))} must equal the number "
+        raise ValueError(f"mesh: dcn_data x dcn_fsdp x dcn_context x dcn_tensor = {int(np.prod(dcn))} must equal the number "
                          f"of {'processes' if by_process else 'slices'}, {granules}")
     grid = mesh_utils.create_hybrid_device_mesh(within, dcn, devices, process_is_granule=by_process,
                                                 allow_split_physical_axes=True)
@@ -85,7 +94,7 @@ def logical_spec(names: Sequence[str | None], shape: Sequence[int] | None = None
     for i, name in enumerate(names):
         axes = [a for a in RULES.get(name, ()) if a not in used] if name else []
         if mesh is not None:
-            axes = [a for a in axes if mesh.shape[a] > 1]
+            axes = [a for a in axes if dict(mesh.shape).get(a, 1) > 1]
         if shape is not None and mesh is not None and axes:
             if shape[i] % int(np.prod([mesh.shape[a] for a in axes])):
                 axes = []
@@ -135,5 +144,14 @@ def param_shardings(state: nnx.State, mesh: Mesh) -> dict:
 
 
 def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
-    """Sharding of a ``[batch, seq, ...]`` input array: batch over the data-parallel axes."""
-    return NamedSharding(mesh, logical_spec(("batch",) + (None,) * (ndim - 1)))
+    """Sharding of a ``[batch, seq, ...]`` input array: batch over the data-parallel axes, the sequence
+    over ``context`` (tokens, targets, segment ids, positions and the loss mask travel together)."""
+    return NamedSharding(mesh, logical_spec(("batch", "seq") + (None,) * (ndim - 2), mesh=mesh))
+
+
+def sequence_shards() -> int:
+    """How many contiguous shards a row's tokens are split into under the current mesh (1 off-mesh)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return 1
+    return int(dict(mesh.shape).get(SEQUENCE_AXIS, 1))

@@ -64,6 +64,13 @@ def ablate(*args, cwd=ROOT):
     ({"eval/suites": ["perplexity", "bleu"]}, "eval.suites"),
     ({"eval/needle/length": 64}, "variant 'transformer': eval.needle: eval.needle.length=64 cannot hold"),
     ({"variants/swa/seeds": [1, 1]}, "variant 'swa': seeds: must be a list of distinct ints"),
+    ({"eval/ruler": {"tasks": ["niah_single_9"]}}, r"eval.ruler.tasks: unknown or no task\(s\) \['niah_single_9'\]"),
+    ({"eval/ruler": {"lengths": 1024}}, "eval.ruler.lengths: expected a list"),
+    ({"eval/ruler": {"depths": [0.5, 2]}}, r"eval.ruler.depths: must be numbers in \[0, 1\]"),
+    ({"eval/ruler": {"per_depth": 0}}, "eval.ruler.per_depth: must be an int >= 1"),
+    ({"eval/ruler": {"window": 3}}, r"eval.ruler: unknown key\(s\) 'window'"),
+    ({"eval/suites": ["ruler"], "eval/ruler": {"lengths": [4096]}},
+     r"variant 'transformer': eval.ruler.lengths \[4096\]: every length exceeds model.max_seq_len=128"),
     ({"variants/swa/time_limit_minutes": -1}, "variant 'swa': time_limit_minutes: must be a number >= 0"),
 ])
 def test_a_bad_sweep_file_is_refused_naming_variant_and_key(tmp_path, change, message):
@@ -121,6 +128,36 @@ def _png_series(path: Path) -> dict:
     return json.loads(Image.open(path).text["Description"])
 
 
+def test_the_table_shows_each_seeds_loss_interval_and_ruler_scores_only_for_runs_that_have_them():
+    from seqmodels.sweeps.report import summarise, table_markdown
+
+    def run(seed, interval=None, ruler=None):
+        point = {"tokens": 100, "flops": 1000, "loss": 2.5 + seed / 10}
+        if interval:
+            point["loss_interval"] = interval
+        evaluation = {"curve": [point], "tokens": 100, **({"ruler": ruler} if ruler else {})}
+        return {"seed": seed, "status": "done", "eval": evaluation, "speed": {"tokens_per_second": 10.0}}
+
+    ruler = {"tasks": {"niah_single_1": {"by_length": {"512": {"score": 0.5}, "1024": {"score": 0.25}}},
+                       "vt": {"by_length": {"512": {"skipped": "needs 1337 tokens"}, "1024": {"score": 1.0}}}}}
+    new = [run(0, [2.4, 2.6], ruler), run(1, [2.5, 2.7], ruler)]
+    old = [run(0), run(1)]  # evaluated before the held-out sample carried intervals
+
+    def results(*variants):
+        return {"sweep": "s", "budget": {"tokens": 100}, "seeds": [0, 1], "time_limit_minutes": 0, "commit": "c",
+                "dirty": False, "command": ["python", "ablate.py"],
+                "variants": [{"name": name, "parameters": 10, "forward_flops_per_token": 20, "tokens": 100,
+                              "runs": runs, "summary": summarise(runs)} for name, runs in variants]}
+
+    table = table_markdown(results(("new", new), ("old", old)))
+    assert "val loss 95 % CI per seed" in table and "RULER score" in table
+    row = next(line for line in table.splitlines() if line.startswith("| new |"))
+    assert "[2.400, 2.600]; [2.500, 2.700]" in row and "niah_single_1 0.38, vt 1.00" in row
+    old_row = next(line for line in table.splitlines() if line.startswith("| old |"))
+    assert "| 2.550 ± 0.071 | – | – | done |" in old_row
+    assert "CI" not in table_markdown(results(("old", old)))  # committed results without intervals: unchanged
+
+
 def test_loss_curves_average_seeds_only_where_every_seed_has_a_point(tmp_path):
     from seqmodels.sweeps.report import write_plots
 
@@ -174,6 +211,8 @@ def test_a_two_variant_sweep_runs_resumes_and_reports(tmp_path):
         assert [p["step"] for p in curve] == evaluated and [p["tokens"] for p in curve] == [512 * s for s in evaluated]
         assert variant["summary"]["loss_mean"] == curve[-1]["loss"] < 6.0  # below a uniform guess over 258 bytes
         assert f"| {name} |" in table and f"{curve[-1]['loss']:.3f}" in table
+        low, high = curve[-1]["loss_interval"]  # over the documents of the held-out sample
+        assert low <= curve[-1]["loss"] <= high and f"[{low:.3f}, {high:.3f}]" in table
         tokens_series = _png_series(out / "loss_vs_tokens.png")[name]
         assert tokens_series == [[p["tokens"], p["loss"]] for p in curve]
         flops_series = _png_series(out / "loss_vs_flops.png")[name]

@@ -8,14 +8,21 @@ The rule is in the package docstring (``pallas_kernels.atlas_memory``).
      at this chunk's base: the carried chunk-start memory, or ``M_0`` for a token whose document
      started in this chunk (a carried token's document started before it, so its base is the
      carried memory: its gradient is re-evaluated here, not reused from its own chunk);
-  2. ``G`` for the chunk's b tokens by a banded mask over those ``c - 1 + b`` tokens:
-     ``G_t = sum_i mask[t, i] left_i (x) right_i``;
+  2. ``G`` for the chunk's b tokens as a running window sum over those ``c - 1 + b`` tokens ``j``
+     (``g_j = left_j (x) right_j``): a ``linear_scan`` of
+     ``G_j = [doc_j = doc_{j-1}] G_{j-1} + g_j - [doc_{j-c} = doc_j] g_{j-c}``, the term entering the
+     window added and the one leaving it subtracted (``c + 1`` terms touched per token, not the
+     ``c - 1 + b`` of a banded ``[b, c - 1 + b]`` mask); the chunk's tokens are ``j >= c - 1``, whose
+     windows lie inside the span. It equals the banded sum up to float32 rounding;
   3. ``S``: ``pallas_kernels.linear_scan`` over the chunk's per-token matrices
      (``a_t = theta_t``, ``a_t = 0`` at a document start, ``b_t = -eta_t G_t``, or ``-G_t``);
-  4. ``NS_k(S_t)``: ONE batched ``newton_schulz`` call over every token's matrices;
+  4. ``NS_k(S_t)``: one batched ``newton_schulz`` call per weight matrix over every token's momentum;
   5. ``M``: ``linear_scan`` with ``a_t = alpha_t`` (0 at a document start) and
-     ``b_t = NS_k(S_t) + [start_t] alpha_t M_0``;
+     ``b_t = NS_k(S_t) + [start_t] alpha_t M_0`` (or ``eta_t NS_k(S_t) + ...``);
   6. the read-out of every token's ``M_t``.
+
+Decays and gates stay ``[B, b, H]`` (``[B, b, H, 1]`` for the scans, whose per-row decays broadcast
+over the packed memory ``P`` at use); only the scanned updates are ``[B, b, H, P]``.
 
 The chunk body is rematerialised (``jax.checkpoint``): the backward pass keeps only the carried
 states per chunk and recomputes one chunk's per-token matrices at a time.
@@ -95,14 +102,19 @@ def _window_gradients(memory, window, initial_memory, layout, clip, gain):
     return tuple(left * scale for left in lefts), rights
 
 
-def _window_sums(lefts, rights, ext_document, document, window):
-    """``G_t`` for the chunk's tokens from the factors of the ``c - 1 + b`` window tokens: ``[B, b, H, m, n]`` each."""
-    size = document.shape[1]
-    token = jnp.arange(size)[:, None]
-    extended = jnp.arange(size + window - 1)[None, :]  # extended index i is chunk token i - (c - 1)
-    band = (extended >= token) & (extended <= token + window - 1)
-    mask = (band[None] & (ext_document[:, None, :] == document[:, :, None])).astype(jnp.float32)
-    return tuple(jnp.einsum("bti,bihm,bihn->bthmn", mask, left, right) for left, right in zip(lefts, rights))
+def _window_sums(lefts, rights, document, window, impl, spec):
+    """``G_t`` packed ``[B, b, H, P]`` for the chunk's tokens from the factors of the ``c - 1 + b`` window tokens
+    (``document [B, c - 1 + b]``), by the running sum of the module docstring (step 2)."""
+    terms = pack(tuple(left[..., :, None] * right[..., None, :] for left, right in zip(lefts, rights)), 3)
+    if window == 1:  # G_t = g_t: nothing to sum
+        return terms
+    span = terms.shape[1]
+    if window < span:  # the term leaving token j's window, g_{j-c}, if it is of j's document
+        leaving = (document[:, window:] == document[:, :-window]).astype(terms.dtype)[..., None, None]
+        terms = jnp.concatenate([terms[:, :window], terms[:, window:] - leaving * terms[:, :-window]], axis=1)
+    same = jnp.concatenate([jnp.zeros_like(document[:, :1], bool), document[:, 1:] == document[:, :-1]], axis=1)
+    keep = jnp.broadcast_to(same[..., None, None], (*same.shape, terms.shape[2], 1)).astype(terms.dtype)
+    return linear_scan(keep, terms, impl=impl, partition_spec=spec)[:, window - 1:]
 
 
 def _kernel_specs(partition_spec):
@@ -114,9 +126,8 @@ def _kernel_specs(partition_spec):
 
 
 def _scan(decay, update, initial, impl, spec):
-    """``linear_scan`` over the chunk's tokens: ``decay [B, b, H]`` broadcast over ``update [B, b, H, P]``."""
-    return linear_scan(jnp.broadcast_to(decay[..., None], update.shape), update, initial=initial, impl=impl,
-                       partition_spec=spec)
+    """``linear_scan`` over the chunk's tokens: ``decay [B, b, H]`` broadcast over ``update [B, b, H, P]`` at use."""
+    return linear_scan(decay[..., None], update, initial=initial, impl=impl, partition_spec=spec)
 
 
 def _chunk(carry, chunk, *, initial_memory, settings: AtlasSettings, impl: str, specs, gain):
@@ -129,12 +140,12 @@ def _chunk(carry, chunk, *, initial_memory, settings: AtlasSettings, impl: str, 
                    zip(window_carry, (phi_k, values, gamma, document)))  # keys, values, weights, document
     lefts, rights = _window_gradients(memory, (*window[:3], jnp.concatenate([carried_fresh, fresh], axis=1)),
                                       initial_memory, layout, settings.grad_clip, gain)
-    sums = _window_sums(lefts, rights, window[3], document, settings.window)
+    sums = _window_sums(lefts, rights, window[3], settings.window, impl, scan_spec)
     window_carry = tuple(x[:, x.shape[1] - (settings.window - 1):] for x in window)
     keep = 1.0 - starts.astype(jnp.float32)
     on_update = settings.eta_scales == "update"
     gradient_scale = -1.0 if on_update else -eta[..., None]
-    momenta = _scan(theta * keep[..., None], gradient_scale * pack(sums, 3), momentum, impl, scan_spec)
+    momenta = _scan(theta * keep[..., None], gradient_scale * sums, momentum, impl, scan_spec)
     orthogonal = orthogonalize(unpack(momenta, layout), layout, steps=settings.ns_steps,
                                coefficients=settings.ns_coefficients, impl=impl,
                                lead_spec=ns_spec, dtype=settings.ns_dtype)

@@ -3,8 +3,10 @@
     h_t = a_t * h_{t-1} + b_t,   h_{-1} = initial (or 0)        reverse=False
     h_t = a_t * h_{t+1} + b_t,   h_T    = initial (or 0)        reverse=True
 
-``a, b: [B, T, ...]`` (same shape, floating), ``initial: [B, ...]``; the result ``h`` has the shape
-of ``a`` and the result dtype of ``(a, b)``. Arithmetic is float32 whatever the input dtype.
+``b: [B, T, ..., D]`` and ``a`` of the same shape, or ``[B, T, ..., 1]``: one decay per row of the last
+axis, broadcast over it where it is used (never materialised at ``b``'s size by ``reference`` and
+``xla``; ``pallas`` broadcasts it before its kernel); ``initial: [B, ..., D]``; the result ``h`` has the
+shape of ``b`` and the result dtype of ``(a, b)``. Arithmetic is float32 whatever the input dtype.
 
 Gradient (reverse=False; reverse=True mirrors the indices): with ``g_t = dL/dh_t + a_{t+1} g_{t+1}``,
 a linear scan run backwards in time,
@@ -37,10 +39,13 @@ def _check(a, b, initial, reverse, partition_spec) -> None:
     _common.check_float("b", b)
     if a.ndim < 2:
         raise ValueError(f"a must have shape [B, T, ...] (rank >= 2), got {tuple(a.shape)}")
-    _common.check_shape("b", b, a.shape, "[B, T, ...] (the shape of a)")
+    per_row = b.ndim >= 3 and a.shape == b.shape[:-1] + (1,)
+    if not per_row:
+        _common.check_shape("b", b, a.shape, "[B, T, ...] (the shape of a; or a is [B, T, ..., 1]: a decay per row "
+                            "of b's last axis)")
     if initial is not None:
         _common.check_float("initial", initial)
-        _common.check_shape("initial", initial, (a.shape[0],) + a.shape[2:], "[B, ...] (a without time)")
+        _common.check_shape("initial", initial, (b.shape[0],) + b.shape[2:], "[B, ...] (b without time)")
     if not isinstance(reverse, bool):
         raise ValueError(f"reverse must be a bool, got {reverse!r}")
     _common.check_partition_spec(partition_spec, a.ndim)
@@ -71,20 +76,24 @@ _scan.defvjp(_scan_fwd, _scan_bwd)
 
 
 def _scan_local(a, b, initial, *, reverse: bool, impl: str):
-    """The op on one shard: flatten trailing axes to channels, run, restore the shape."""
-    num_batch, num_steps = a.shape[:2]
-    num_channels = math.prod(a.shape[2:])
+    """The op on one shard: flatten trailing axes to channels (``[B, T, C]``, or ``[B, T, C, D]`` beside a
+    per-row decay ``[B, T, C, 1]``), run, restore the shape."""
+    if a.shape != b.shape and impl == "pallas_triton":  # the kernel takes one decay per channel
+        a = jnp.broadcast_to(a, b.shape)
+    num_batch, num_steps = b.shape[:2]
+    row = () if a.shape == b.shape else (b.shape[-1],)  # the broadcast axis, kept apart
+    channels = (math.prod(b.shape[2:len(b.shape) - len(row)]),)
     if initial is None:
-        initial_flat = jnp.zeros((num_batch, num_channels), jnp.float32)
+        initial_flat = jnp.zeros((num_batch, *channels, *row), jnp.float32)
     else:
-        initial_flat = initial.reshape(num_batch, num_channels)
-    a_flat = a.reshape(num_batch, num_steps, num_channels)
-    b_flat = b.reshape(num_batch, num_steps, num_channels)
+        initial_flat = initial.reshape(num_batch, *channels, *row)
+    a_flat = a.reshape(num_batch, num_steps, *channels, *((1,) if row else ()))
+    b_flat = b.reshape(num_batch, num_steps, *channels, *row)
     if impl == "reference":
         h = reference.linear_scan(a_flat, b_flat, initial_flat, reverse).astype(jnp.result_type(a, b))
     else:
         h = _scan(a_flat, b_flat, initial_flat, reverse, impl)
-    return h.reshape(a.shape)
+    return h.reshape(b.shape)
 
 
 def linear_scan(
@@ -99,7 +108,8 @@ def linear_scan(
     """``h`` with ``h_t = a_t * h_{t-1} + b_t`` along axis 1 (see the module docstring).
 
     Args:
-      a, b: ``[B, T, ...]`` floating arrays of one shape.
+      a, b: ``[B, T, ..., D]`` floating arrays of one shape, or ``a`` of ``[B, T, ..., 1]`` (a decay per row
+        of the last axis, broadcast over it).
       initial: ``[B, ...]`` state before the first step scanned (the last when ``reverse``); zero if None.
       reverse: scan from the end of the sequence towards its start.
       impl: ``"auto" | "reference" | "xla" | "pallas"``.
@@ -108,7 +118,7 @@ def linear_scan(
         shard-local. The time entry must be None.
 
     Returns:
-      ``h``: shape of ``a``, dtype ``result_type(a, b)``.
+      ``h``: shape of ``b``, dtype ``result_type(a, b)``.
     """
     _check(a, b, initial, reverse, partition_spec)
     impl = _common.resolve_impl(impl)

@@ -9,7 +9,9 @@ Backward (forward direction; reverse=True mirrors every index):
     g_t = dL/dh_t + a_{t+1} g_{t+1}          (a reverse linear scan, g_T = 0)
     dL/db_t = g_t,   dL/da_t = g_t h_{t-1},   dL/dinitial = a_0 g_0,   h_{-1} = initial
 
-All arithmetic is float32. Shapes: ``a, b, h, dh: [B, T, D]``, ``initial: [B, D]``.
+All arithmetic is float32. Shapes: ``b, h, dh: [B, T, ..., D]``, ``initial: [B, ..., D]``, and ``a`` of
+the shape of ``b`` or of ``[B, T, ..., 1]`` (one decay per row of the last axis, broadcast over it at
+use: ``da`` is then summed over that axis).
 """
 
 from __future__ import annotations
@@ -43,12 +45,15 @@ def _shift(x: jax.Array, fill: jax.Array, toward_end: bool) -> jax.Array:
 
 
 def scan_backward(a, h, initial, dh, reverse: bool):
-    """Cotangents ``(da, db, dinitial)`` in float32 from the forward output ``h``."""
+    """Cotangents ``(da, db, dinitial)`` in float32 from the forward output ``h``; ``da`` has the shape of ``a``."""
     a = a.astype(jnp.float32)
     zeros = jnp.zeros_like(initial, dtype=jnp.float32)
     # The coefficient that carries g_{t+1} into g_t is a_{t+1} (a_{t-1} for a reverse scan).
-    a_carry = _shift(a, zeros, toward_end=reverse)
+    a_carry = _shift(a, jnp.zeros_like(a[:, 0]), toward_end=reverse)
     g = scan_forward(a_carry, dh, zeros, reverse=not reverse)
     h_previous = _shift(h.astype(jnp.float32), initial, toward_end=not reverse)
     first = -1 if reverse else 0
-    return g * h_previous, g, a[:, first] * g[:, first]
+    da = g * h_previous
+    if a.shape != da.shape:  # a decay per row, broadcast over the last axis
+        da = jnp.sum(da, axis=-1, keepdims=True)
+    return da, g, a[:, first] * g[:, first]

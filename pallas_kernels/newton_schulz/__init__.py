@@ -17,9 +17,12 @@ up to 256 on a side, see triton.py; ``pallas_tpu``, one Mosaic kernel up to 512 
 tpu.py; the XLA path beyond), ``auto`` (the platform's kernel on GPU and TPU, xla on CPU). fp32 inputs compute in fp32; bf16 inputs run the matmuls
 of ``xla`` and ``pallas`` on bf16 operands with fp32 accumulation (X carried in fp32).
 
-Gradient: ``pallas`` is wrapped in a custom_vjp whose backward recomputes through the ``xla``
-iteration in fp32 (so it equals autodiff of the reference iteration up to rounding); ``xla`` and
-``reference`` differentiate directly. At x = 0 the output is 0 and the gradient is 0.
+Gradient: ``xla`` has its own backward (``xla.py``: four matmuls a step, on the same operand
+policy as the forward, so a bf16 input's backward runs bf16 matmuls with fp32 accumulation and an
+fp32 input's equals autodiff of the reference iteration up to rounding); ``pallas`` is wrapped in a
+custom_vjp whose backward recomputes the iteration with the ``xla`` path at the input's dtype and
+pulls the cotangent through that backward; ``reference`` is differentiated by JAX. At x = 0 the
+output is 0 and the gradient is 0.
 """
 
 from __future__ import annotations
@@ -120,9 +123,9 @@ def _fused_forward(x, schedule, norm_scale, eps, impl):
 
 
 def _fused_backward(schedule, norm_scale, eps, impl, x, cotangent):
-    """Recompute the iteration in fp32 with the XLA path and pull the cotangent through it."""
-    _, pullback = jax.vjp(lambda m: xla.newton_schulz(m, schedule, norm_scale, eps), x.astype(jnp.float32))
-    (grad,) = pullback(cotangent.astype(jnp.float32))
+    """Recompute the iteration with the XLA path at x's operand policy and pull the cotangent through it."""
+    _, pullback = jax.vjp(lambda m: xla.newton_schulz(m, schedule, norm_scale, eps), x)
+    (grad,) = pullback(cotangent.astype(x.dtype))
     return (grad.astype(x.dtype),)
 
 

@@ -12,7 +12,10 @@ converge to the polar factor: with s_0 in (0, 1] it drives singular values into 
 algorithm, every row but the last is evaluated at s / 1.01 (the table's (a, b, c) divided by
 (1.01, 1.01^3, 1.01^5)) so round-off above the upper bound cannot grow, the last row
 (1.875, -1.25, 0.375) is kept as is and repeats for steps beyond the table, and the input is
-normalised by 1.01 ||x||_F + eps instead of ||x||_F + eps (``norm_scale`` = 1.01).
+normalised by 1.01 ||x||_F + eps instead of ||x||_F + eps (``norm_scale`` = 1.01). The table is the
+paper's Algorithm 1 (and its repository, github.com/NoahAmsel/PolarExpress) digit for digit. One
+departure: Algorithm 1 always iterates in bf16; here the input's dtype picks the precision (fp32
+exact, bf16 operands with fp32 accumulation: ``xla.operand_policy``).
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ Training::
       -> pack into rows of seq_len + 1 tokens, documents continuing across rows  (packing.py)
       -> shift into inputs / targets, batch                                      (IterDataset)
 
-Evaluation packs the held-out documents the same way, in corpus order, one pass, no shuffle; the
-last batch is padded with all-zero rows. A new corpus is a function ``cfg -> (documents, location)``
+Evaluation packs the held-out sample the same way (``heldout_sample.py``: held-out documents in the
+order ``data.heldout_seed`` draws, each cut to one row), one pass; the last batch is padded with all-zero rows. A new corpus is a function ``cfg -> (documents, location)``
 (``document_split.Documents``) registered with ``register_source(name, corpus_source(that_function))``.
 """
 
@@ -27,7 +27,8 @@ import numpy as np
 from seqmodels.config import ConfigError, DataConfig
 from seqmodels.data.document_split import Documents, load_documents
 from seqmodels.data.errors import DataError
-from seqmodels.data.packing import heldout_batches, pack_and_batch
+from seqmodels.data.heldout_sample import sampled_heldout_batches
+from seqmodels.data.packing import pack_and_batch
 from seqmodels.data.sources import DataSource, no_check
 from seqmodels.data.tokenizers import ByteTokenizer, get_tokenizer
 
@@ -93,15 +94,14 @@ def text_train_dataset(cfg: DataConfig, *, batch_size: int, process_index: int =
 
 
 def text_eval_batches(cfg: DataConfig, *, batch_size: int, max_batches: int) -> list[dict]:
-    """Up to ``max_batches`` batches over the held-out documents in corpus order; ``DataError`` if none is held out."""
+    """Up to ``max_batches`` batches of the held-out sample (``heldout_sample``); ``DataError`` if none is held out."""
     split = load_documents(cfg)
     if not len(split.heldout):
         raise DataError(f"data.heldout_fraction={cfg.heldout_fraction}: no held-out documents "
                         f"among the {len(split.train)} of data.source={cfg.source!r}; "
                         "use a corpus with at least two documents")
-    stream = grain.MapDataset.source(split.heldout).map(FrameDocument(get_tokenizer(cfg.tokenizer)))
-    return heldout_batches(stream.to_iter_dataset(DOCUMENT_READ_OPTIONS), seq_len=cfg.seq_len,
-                           batch_size=batch_size, max_batches=max_batches)
+    return sampled_heldout_batches(split.heldout, FrameDocument(get_tokenizer(cfg.tokenizer)), seq_len=cfg.seq_len,
+                                   batch_size=batch_size, max_batches=max_batches, seed=cfg.heldout_seed)
 
 
 def tokenizer_vocab_size(cfg: DataConfig) -> int:

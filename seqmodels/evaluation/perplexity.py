@@ -4,6 +4,11 @@ Loss is next-token cross-entropy in nats per token (a token is a byte for the by
 ``bits_per_byte = loss / ln 2``). Position is the token's index within its document: bucket ``b``
 holds positions ``[2^(b-1), 2^b)`` (bucket 0 is position 0), so the curve shows how loss falls as
 more context is available.
+
+Uncertainty: ``interval`` is a 95 % percentile bootstrap of the loss over the documents of the held-out
+sample (``seqmodels.data.heldout_sample``; each document's tokens resampled together,
+``seqmodels.evaluation.intervals``), seeded by ``data.heldout_seed``; ``perplexity_interval`` is its
+exp. A source without documents (generated tasks) resamples rows instead (``interval["units_are"]``).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import optax
 from flax import nnx
 
 from seqmodels.data.pipeline import make_eval_batches
+from seqmodels.evaluation.intervals import bootstrap_interval
 
 
 @nnx.jit
@@ -39,10 +45,18 @@ def evaluate_perplexity(model, config, *, batch_size: int = 8, max_batches: int 
     batches = make_eval_batches(config.data, batch_size=batch_size, max_batches=max_batches)
     buckets = position_buckets(config.data.seq_len)
     sums, counts = np.zeros(len(buckets)), np.zeros(len(buckets))
-    for batch in batches:
-        losses = np.asarray(jax.device_get(_token_losses(model, {k: jnp.asarray(v) for k, v in batch.items()})))
+    unit_ids, unit_losses = [], []  # the document (or row) of the sample of each loss token, and its loss
+    for number, batch in enumerate(batches):
+        losses = np.asarray(jax.device_get(_token_losses(model, {k: jnp.asarray(v) for k, v in batch.items()
+                                                                 if k != "documents"})))
         mask = np.asarray(batch["loss_mask"]) > 0
         positions = np.asarray(batch["positions"])
+        units = batch.get("documents")
+        if units is None:  # rows are the units: a global row number per row
+            rows = number * len(mask) + np.arange(len(mask))
+            units = np.broadcast_to(rows[:, None], mask.shape)
+        unit_ids.append(np.asarray(units)[mask])
+        unit_losses.append(losses[mask])
         for i, (low, high) in enumerate(buckets):
             selected = mask & (positions >= low) & (positions < high)
             sums[i] += losses[selected].sum()
@@ -51,9 +65,16 @@ def evaluate_perplexity(model, config, *, batch_size: int = 8, max_batches: int 
     if total == 0:
         raise ValueError("the held-out batches hold no loss tokens")
     loss = float(sums.sum() / total)
+    _, unit_index = np.unique(np.concatenate(unit_ids), return_inverse=True)
+    unit_tokens = np.bincount(unit_index)
+    unit_mean = np.bincount(unit_index, weights=np.concatenate(unit_losses).astype(np.float64)) / unit_tokens
+    interval = bootstrap_interval(unit_mean, unit_tokens, seed=config.data.heldout_seed)
+    interval["units_are"] = "documents" if "documents" in batches[0] else "rows"
     return {
         "loss": loss,
+        "interval": interval,
         "perplexity": math.exp(loss),
+        "perplexity_interval": [math.exp(interval["low"]), math.exp(interval["high"])],
         "bits_per_token": loss / math.log(2),
         "tokens": int(total),
         "batches": len(batches),

@@ -18,6 +18,7 @@ from flax import nnx
 
 from seqmodels.config import SYNTHETIC_TASKS, ConfigError
 from seqmodels.data.pipeline import make_eval_batches
+from seqmodels.evaluation.intervals import bootstrap_interval
 
 
 @nnx.jit
@@ -33,7 +34,9 @@ def default_tasks(config) -> tuple[str, ...]:
 
 
 def evaluate_recall(model, config, *, tasks=None, batch_size: int = 32, max_batches: int = 8) -> dict:
-    """``{task: {accuracy, example_accuracy, loss, answers, examples}}`` over held-out examples.
+    """``{task: {accuracy, example_accuracy, interval, loss, answers, examples}}`` over held-out examples.
+
+    ``interval``: a 95 % percentile bootstrap of ``accuracy`` over the examples (each weighted by its answers).
 
     Examples follow ``config.data`` (``seq_len``, ``synthetic``, ``seed``) with ``source`` set to each
     task. Raises ``ConfigError`` when a task is unknown, does not fit ``data.seq_len``, or uses token
@@ -48,6 +51,7 @@ def evaluate_recall(model, config, *, tasks=None, batch_size: int = 32, max_batc
             raise ConfigError(f"recall: data.synthetic.vocab_size={data.synthetic.vocab_size} exceeds "
                               f"model.vocab_size={config.model.vocab_size}")
         correct_sum = loss_sum = answers = rows = rows_right = 0.0
+        row_right, row_answers = [], []  # per example: answers right, answers
         for batch in make_eval_batches(data, batch_size=batch_size, max_batches=max_batches):
             correct, losses = jax.device_get(_answer_scores(model, {k: jnp.asarray(v) for k, v in batch.items()}))
             mask = np.asarray(batch["loss_mask"]) > 0
@@ -57,6 +61,10 @@ def evaluate_recall(model, config, *, tasks=None, batch_size: int = 32, max_batc
             real = mask.any(axis=1)  # padding rows have no answers
             rows += float(real.sum())
             rows_right += float((real & (correct | ~mask).all(axis=1)).sum())
+            row_right.append((correct & mask).sum(axis=1)[real])
+            row_answers.append(mask.sum(axis=1)[real])
+        right, count = np.concatenate(row_right), np.concatenate(row_answers)
         results[task] = {"accuracy": correct_sum / answers, "example_accuracy": rows_right / rows,
+                         "interval": bootstrap_interval(right / count, count, seed=config.data.seed),
                          "loss": loss_sum / answers, "answers": int(answers), "examples": int(rows)}
     return results

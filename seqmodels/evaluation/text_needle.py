@@ -26,6 +26,7 @@ from flax import nnx
 
 from seqmodels.data.document_split import load_documents
 from seqmodels.data.tokenizers import get_tokenizer
+from seqmodels.evaluation.intervals import bootstrap_interval
 
 NEEDLE = " The secret number is {value}."
 QUERY = " What is the secret number? The secret number is"
@@ -92,7 +93,9 @@ def answer_hits(predicted: np.ndarray, targets: np.ndarray, answers) -> list[boo
 
 def text_needle_accuracy(model, config, *, length: int, depths, per_depth: int, seed: int = 1234,
                          batch_size: int = 8) -> dict:
-    """``{"accuracy", "examples", "length", "by_depth": {depth: accuracy}}`` (module docstring)."""
+    """``{"accuracy", "interval", "examples", "length", "by_depth": {depth: accuracy}}`` (module docstring).
+
+    ``interval``: a 95 % percentile bootstrap of the accuracy over the examples."""
     rows, answers, row_depths = text_needle_rows(config, length=length, depths=depths, per_depth=per_depth, seed=seed)
     inputs, targets = rows[:, :-1], rows[:, 1:]
     segment_ids = np.ones_like(inputs)
@@ -109,5 +112,6 @@ def text_needle_accuracy(model, config, *, length: int, depths, per_depth: int, 
     by_depth = defaultdict(list)
     for depth, hit in zip(row_depths, hits):
         by_depth[round(depth, 4)].append(hit)
-    return {"accuracy": float(np.mean(hits)), "examples": len(hits), "length": length,
+    return {"accuracy": float(np.mean(hits)), "interval": bootstrap_interval(np.asarray(hits, float), seed=seed),
+            "examples": len(hits), "length": length,
             "by_depth": {str(depth): float(np.mean(h)) for depth, h in sorted(by_depth.items())}}

@@ -4,7 +4,8 @@ registers its mixers and config sections (see ``registry``) without being listed
 import importlib
 import pkgutil
 
-from seqmodels.mixers.registry import (MIXERS, SECTIONS, Mixer, build_mixer, check_mixer_names,  # noqa: F401
+from seqmodels.mixers.registry import (MIXERS, SECTIONS, Mixer, build_mixer, check_context_parallel,  # noqa: F401
+                                       check_mixer_names,
                                        mixer_flops_per_token, register, register_section)
 
 

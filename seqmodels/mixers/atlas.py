@@ -53,8 +53,10 @@ task such an Atlas stays at chance, ``experiments/needle/README.md``). With ``k 
 ``gradient``, Titans' momentum ``S_t = theta_t S_{t-1} - eta_t G_t`` (the data-dependent learning
 rate on the surprise), where eta is the inner learning rate under either placement. The sign: the
 paper writes ``- eta NS_k(S)`` with ``S`` accumulating ``+G``; here ``S`` accumulates ``-G``, the same
-update (NS_k is odd). The recurrence runs in float32; the Newton-Schulz matmuls take
-``model.compute_dtype`` operands (bf16 with float32 accumulation).
+update (NS_k is odd). The recurrence runs in float32; the Newton-Schulz matmuls, forward and
+backward, take ``model.compute_dtype`` operands (bf16 with float32 accumulation; float32 exact).
+``ns_coefficients`` picks the quintics: ``muon`` (the paper's Muon-style NS_k) or ``polar_express``
+(Amsel et al., 2025: a different polynomial at each step, ``pallas_kernels/newton_schulz/coefficients.py``).
 
 FLOPs per token (forward, one layer; 2 per multiply-add), with ``P = sum m n`` over the memory's
 matrices (``F D`` linear; ``F E + E D`` deep):
@@ -62,8 +64,10 @@ matrices (``F D`` linear; ``F E + E D`` deep):
     projections  2 d_model (4 H D) + 2 d_model (4 H) + 2 H D d_model        q, k, v, gate; gates; output
     per head     2 (2 P + [deep] 2 E D) (b + c - 1) / b     inner forward/backward at the chunk-start
                                              memory and at M_0, of the chunk's and the c - 1 carried tokens
-               + 2 (b + c - 1) P             banded window sum of rank-1 gradients
-               + k NS(F, D)  or  k 2 NS(F, E)    Newton-Schulz (deep: W1 and padded W2^T)
+               + (1 + [c > 1] 2) P (b + c - 1) / b     window sum: the rank-1 gradients as matrices,
+                                             then a running sum (the entering term added, the leaving one
+                                             subtracted)
+               + k NS(F, D)  or  k (NS(F, E) + NS(E, D))    Newton-Schulz (deep: W1 and W2, each at its shape)
                + 2 P                         read-out
                + [norm] 20 D (b + c - 1) / b + 8 D    LayerNorm forward and backward (~10 D) at both
                                              base memories, LayerNorm of the read-out
@@ -102,7 +106,9 @@ class AtlasConfig:
     poly_degree: int = describe("degree p of the polynomial feature map of keys and queries (1 = identity)", 2)
     poly_key_dim: int = describe("key coordinates entering the degree >= 2 features (their count is r^i)", 8)
     ns_steps: int = describe("Newton-Schulz steps k applied to the momentum (0 = off: plain momentum)", 5)
-    ns_coefficients: NsCoefficients = describe("Newton-Schulz polynomial schedule", "muon")
+    ns_coefficients: NsCoefficients = describe(
+        "Newton-Schulz polynomial schedule: muon (Muon's quintic (3.4445, -4.7750, 2.0315) every step) | "
+        "polar_express (the per-step minimax schedule of Amsel et al. 2025, arXiv:2505.16932, Algorithm 1)", "muon")
     memory_depth: int = describe("memory: 1 = a matrix (linear), 2 = a 2-layer MLP with a residual", 2)
     memory_expansion: int = describe("hidden width of the MLP memory, in multiples of the head dimension", 2)
     memory_norm: bool = describe(
@@ -317,11 +323,8 @@ def memory_flops_per_token(settings: AtlasSettings) -> float:
     # Every chunk evaluates its b tokens and the c - 1 carried window tokens at its base memory.
     evaluated = (settings.chunk_size + settings.window - 1) / settings.chunk_size  # evaluations per token
     inner = 2 * (2 * size + backward) * evaluated
-    window = 2 * (settings.chunk_size + settings.window - 1) * size
-    if layout.deep:
-        ns = 2 * newton_schulz_step_flops(layout.feature_dim, layout.hidden_dim)
-    else:
-        ns = newton_schulz_step_flops(layout.feature_dim, layout.value_dim)
+    window = (1 + (2 if settings.window > 1 else 0)) * size * evaluated
+    ns = sum(newton_schulz_step_flops(m, n) for m, n in layout.shapes)
     norm = 20 * layout.value_dim * evaluated + 8 * layout.value_dim if layout.norm else 0
     return inner + window + settings.ns_steps * ns + 2 * size + norm
 

@@ -15,7 +15,8 @@ recurrent mixers have the same convolution); decoding keeps the last ``K - 1`` p
 
 Keys/values may have fewer heads than queries (grouped-query attention, ``num_kv_heads``); which
 keys are visible is the rule of ``seqmodels.layers.attention``. Transformer++ is this mixer in every
-layer, each followed by a SwiGLU MLP, pre-RMSNorm.
+layer, each followed by a SwiGLU MLP, pre-RMSNorm. With the sequence split over ``mesh.context``
+every shard's queries attend to the gathered keys (``seqmodels.layers.context_attention``).
 
 FLOPs per token (forward): projections ``2 D (2 H Dh + 2 Hkv Dh)`` (plus ``2 K (H + 2 Hkv) Dh`` for
 the convolution) plus scores and values
@@ -38,6 +39,8 @@ from seqmodels.config_model import ModelConfigBase
 from seqmodels.layers.attention import (attend, attend_rows, cache_capacity, init_kv_cache, update_kv_cache,
                                         visibility_mask)
 from seqmodels.layers.attention_projections import AttentionProjections
+from seqmodels.layers.context import sequence_is_split
+from seqmodels.layers.context_attention import split_attention
 from seqmodels.layers.conv import ShortConv
 from seqmodels.mixers.registry import register, register_section
 from seqmodels.sharding import constrain
@@ -150,6 +153,9 @@ class Attention(AttentionProjections):
             mask = visibility_mask(ones, positions, k_segments, k_positions, **rule)
             out = attend(q, keys.astype(q.dtype), values.astype(q.dtype), mask, implementation=self.implementation)
             cache = {**update_kv_cache(cache, k, v, positions, **rule), **conv_cache}
+        elif sequence_is_split(length):
+            out = split_attention(q, k, v, segment_ids, positions, causal=self.causal,
+                                     implementation=self.implementation, **rule)
         else:
             out = attend_rows(q, k, v, segment_ids, positions, causal=self.causal,
                               implementation=self.implementation, **rule)
@@ -187,9 +193,9 @@ def _flops(config: ModelConfigBase, seq_len: int, window: int | None, num_sinks:
 
 register("attention",
          lambda config, rngs: Attention(config, window=None, num_sinks=0, rngs=rngs),
-         lambda config, seq_len: _flops(config, seq_len, None, 0), sections=("attention",))
+         lambda config, seq_len: _flops(config, seq_len, None, 0), sections=("attention",), context_parallel=True)
 register("swa",
          lambda config, rngs: Attention(config, window=config.swa.window, num_sinks=config.swa.num_sinks,
                                         rngs=rngs),
          lambda config, seq_len: _flops(config, seq_len, config.swa.window, config.swa.num_sinks),
-         sections=("attention", "swa"))
+         sections=("attention", "swa"), context_parallel=True)

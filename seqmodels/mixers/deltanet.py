@@ -18,6 +18,8 @@ when decoding from the cache (``impl="reference"``; a multi-token prefill runs t
 from the cached state). The cache holds the convolutions' last ``conv_kernel - 1`` inputs and the
 state ``[B, H, K, V]`` float32. In packed rows the convolutions stop at document boundaries and
 the state is cut at each document's first token (a log decay of -30 there, also for DeltaNet).
+With the sequence split over ``mesh.context`` the convolutions take a halo and the delta rule passes
+its state between shards (``seqmodels.layers.state_passing.split_gated_delta_rule``).
 
 Subclasses replace the recurrence by overriding ``recurrence`` (MuonSSM: ``muonssm.py``).
 
@@ -40,10 +42,12 @@ from pallas_kernels import gated_delta_rule
 from seqmodels.config_base import _require, _require_at_least, describe, is_chunk_size
 from seqmodels.config_model import ModelConfigBase
 from seqmodels.layers.common import Dense, DenseOut, constant_param
+from seqmodels.layers.context import sequence_is_split
 from seqmodels.layers.conv import ShortConv
 from seqmodels.layers.decay import a_log_init, dt_bias_init, step_and_log_decay
 from seqmodels.layers.norms import RMSNorm
 from seqmodels.layers.segments import reset_at_document_starts
+from seqmodels.layers.state_passing import split_gated_delta_rule
 from seqmodels.mixers.registry import register, register_section
 from seqmodels.sharding import constrain, kernel_spec
 
@@ -143,6 +147,9 @@ class DeltaNet(nnx.Module):
     def recurrence(self, q, k, v, beta, log_decay, *, segment_ids, cache):
         """``(o [B, T, H, V], recurrent cache entries or None)``: the (gated) delta rule."""
         del segment_ids  # already folded into log_decay
+        if cache is None and sequence_is_split(q.shape[1]):
+            return split_gated_delta_rule(q, k, v, beta, log_decay, scale=None, chunk_size=self.chunk_size,
+                                          impl=self.impl), None
         impl = "reference" if cache is not None and q.shape[1] == 1 else self.impl
         o, state = gated_delta_rule(q, k, v, beta, log_decay, chunk_size=self.chunk_size, impl=impl,
                                     initial_state=None if cache is None else cache["state"],
@@ -175,6 +182,8 @@ def _delta_rule_flops(chunk: int, key_dim: int, value_dim: int) -> float:
 
 
 register("deltanet", lambda config, rngs: DeltaNet(config, gated=False, rngs=rngs),
-         lambda config, seq_len: deltanet_flops(config, seq_len, gated=False), sections=("deltanet",))
+         lambda config, seq_len: deltanet_flops(config, seq_len, gated=False), sections=("deltanet",),
+         context_parallel=True)
 register("gated_deltanet", lambda config, rngs: DeltaNet(config, gated=True, rngs=rngs),
-         lambda config, seq_len: deltanet_flops(config, seq_len, gated=True), sections=("deltanet",))
+         lambda config, seq_len: deltanet_flops(config, seq_len, gated=True), sections=("deltanet",),
+         context_parallel=True)

@@ -28,7 +28,9 @@ its own. ``gamma = 0, k = 0, tau = 1`` is LongHorn exactly.
 
 Decoding runs the same scans one token at a time from the cache (conv inputs, ``state [B, D, N]``
 and, for MuonSSM, ``velocity [B, D, N]``, float32). Packed rows: the convolution stops at document
-boundaries and ``a`` (and the velocity's ``gamma``) is 0 at each document's first token.
+boundaries and ``a`` (and the velocity's ``gamma``) is 0 at each document's first token. With the
+sequence split over ``mesh.context`` the convolution takes a halo and each scan passes its state
+between shards (``seqmodels.layers.state_passing.split_linear_scan``).
 
 Departures from the published code: the output gate is ``y * SiLU(z)`` without the optional RMSNorm
 (the code's path without ``norm_weight``); ``t_bias`` starts at ``logit(dt_0)``, ``dt_0``
@@ -56,8 +58,10 @@ from pallas_kernels.momentum_scan import rank_one_scale
 from seqmodels.config_base import _require, _require_at_least, describe
 from seqmodels.config_model import ModelConfigBase
 from seqmodels.layers.common import Dense, constant_param
+from seqmodels.layers.context import sequence_is_split
 from seqmodels.layers.conv import ShortConv
 from seqmodels.layers.segments import document_starts
+from seqmodels.layers.state_passing import split_linear_scan
 from seqmodels.mixers.registry import register, register_section
 
 
@@ -130,6 +134,8 @@ class LongHorn(nnx.Module):
         return self.out(y), new_cache
 
     def _scan(self, a, b, initial):
+        if initial is None and sequence_is_split(b.shape[1]):
+            return split_linear_scan(a, b, impl=self.impl)
         impl = "reference" if b.shape[1] == 1 else self.impl
         return linear_scan(a, b, initial=initial, impl=impl)
 
@@ -191,7 +197,8 @@ def longhorn_flops(config: ModelConfigBase, seq_len: int, *, momentum: bool = Fa
     return projections + 2 * config.longhorn.conv_kernel * channels + scan
 
 
-register("longhorn", lambda config, rngs: LongHorn(config, rngs=rngs), longhorn_flops, sections=("longhorn",))
+register("longhorn", lambda config, rngs: LongHorn(config, rngs=rngs), longhorn_flops, sections=("longhorn",),
+         context_parallel=True)
 register("muonssm_longhorn", lambda config, rngs: MuonSSMLongHorn(config, rngs=rngs),
          lambda config, seq_len: longhorn_flops(config, seq_len, momentum=config.muonssm.gamma != 0),
-         sections=("longhorn", "muonssm"))
+         sections=("longhorn", "muonssm"), context_parallel=True)

@@ -26,7 +26,9 @@ its chunked form; decoding with a cache runs one recurrent step per token (``imp
 for one token; a multi-token prefill runs the chunked form from the cached state). The cache holds
 the last ``conv_kernel - 1`` inputs of each convolution and the state ``[B, H, N, P]`` float32.
 In packed rows the convolutions stop at document boundaries and the state is cut at each
-document's first token (``seqmodels.layers.segments``).
+document's first token (``seqmodels.layers.segments``). With the sequence split over ``mesh.context``
+the convolutions take a halo and the state passes between shards
+(``seqmodels.layers.state_passing.split_chunk_gla``).
 
 Subclasses replace the recurrence by overriding ``recurrence`` (MuonSSM: ``muonssm.py``).
 
@@ -49,10 +51,12 @@ from pallas_kernels import chunk_gla
 from seqmodels.config_base import _require, _require_at_least, _require_choices, describe, is_chunk_size
 from seqmodels.config_model import ModelConfigBase
 from seqmodels.layers.common import Dense, DenseOut, constant_param
+from seqmodels.layers.context import sequence_is_split
 from seqmodels.layers.conv import ShortConv
 from seqmodels.layers.decay import a_log_init, dt_bias_init, step_and_log_decay
 from seqmodels.layers.norms import RMSNorm
 from seqmodels.layers.segments import reset_at_document_starts
+from seqmodels.layers.state_passing import split_chunk_gla
 from seqmodels.mixers.registry import register, register_section
 from seqmodels.sharding import constrain, kernel_spec
 
@@ -161,6 +165,8 @@ class Mamba2(nnx.Module):
         """``(o [B, T, H, P], recurrent cache entries or None)``: the SSD state recurrence."""
         del segment_ids  # already folded into log_decay
         length = q.shape[1]
+        if cache is None and sequence_is_split(length):
+            return split_chunk_gla(q, k, v, log_decay, scale=1.0, chunk_size=self.chunk_size, impl=self.impl), None
         impl = "reference" if cache is not None and length == 1 else self.impl
         o, state = chunk_gla(q, k, v, log_decay, scale=1.0, chunk_size=self.chunk_size, impl=impl,
                              initial_state=None if cache is None else cache["state"],
@@ -190,4 +196,5 @@ def _ssd_flops(chunk: int, state_dim: int, head_dim: int) -> float:
     return 2 * chunk * (state_dim + head_dim) + 4 * state_dim * head_dim
 
 
-register("mamba2", lambda config, rngs: Mamba2(config, rngs=rngs), mamba2_flops, sections=("mamba2",))
+register("mamba2", lambda config, rngs: Mamba2(config, rngs=rngs), mamba2_flops, sections=("mamba2",),
+         context_parallel=True)

@@ -56,7 +56,9 @@ conditions each injection too). The repository's sequential rule is not offered.
 
 Decoding runs the token recurrences (``impl="reference"``) one step per token from a cache holding
 the backbone's conv inputs, ``state`` and ``momentum`` (``[B, H, K, V]`` float32 each); training runs
-the op with ``impl=model.kernel_impl`` (``reference``: the token-by-token oracle).
+the op with ``impl=model.kernel_impl`` (``reference``: the token-by-token oracle). With the sequence
+split over ``mesh.context`` the state and the momentum pass between shards together
+(``seqmodels.layers.state_passing.split_momentum_scan``).
 
 FLOPs per token (forward): the backbone's projections and convolutions (``mamba2_flops``,
 ``deltanet_flops``) plus, per head, with ``C`` = min(chunk_size, T):
@@ -78,7 +80,9 @@ from pallas_kernels.momentum_scan import (block_rank_one_scale, momentum_delta_r
                                           rank_one_scale)
 
 from seqmodels.config_base import NsCoefficients, _require, _require_choices, describe
+from seqmodels.layers.context import sequence_is_split
 from seqmodels.layers.segments import reset_at_document_starts
+from seqmodels.layers.state_passing import split_momentum_scan
 from seqmodels.mixers.deltanet import DeltaNet, deltanet_flops
 from seqmodels.mixers.mamba2 import Mamba2, mamba2_flops
 from seqmodels.mixers.registry import register, register_section
@@ -139,6 +143,10 @@ class _Momentum:
     def run_momentum(self, scan, inputs, *, scale, segment_ids, cache):
         """``(o, cache entries or None)`` of the momentum ``scan``; decoding one token runs its token recurrence."""
         log_momentum = self.log_momentum_decay(inputs[0].shape[:3], segment_ids)
+        if cache is None and sequence_is_split(inputs[0].shape[1]):
+            o = split_momentum_scan(scan, *inputs[:3], (*inputs[3:], log_momentum), scale=scale,
+                                    chunk_size=self.chunk_size, impl=self.impl)
+            return o, None
         states = {} if cache is None else {"initial_state": cache["state"], "initial_momentum": cache["momentum"]}
         one_step = cache is not None and inputs[0].shape[1] == 1
         impl = "reference" if one_step else self.impl
@@ -214,6 +222,6 @@ def _muonssm_deltanet_flops(config, seq_len: int) -> float:
 
 
 register("muonssm_mamba2", lambda config, rngs: MuonSSMMamba2(config, rngs=rngs), _muonssm_mamba2_flops,
-         sections=("mamba2", "muonssm"))
+         sections=("mamba2", "muonssm"), context_parallel=True)
 register("muonssm_gated_deltanet", lambda config, rngs: MuonSSMGatedDeltaNet(config, rngs=rngs),
-         _muonssm_deltanet_flops, sections=("deltanet", "muonssm"))
+         _muonssm_deltanet_flops, sections=("deltanet", "muonssm"), context_parallel=True)

@@ -20,6 +20,10 @@ section may serve several mixers, and a mixer may read several (``atlas_mag`` re
 define ``check_model(model)``, its checks against the rest of the model section (e.g. Atlas's
 ``poly_key_dim`` against the head width); ``ModelConfig`` calls it when a layer reads the section.
 Every module of ``seqmodels.mixers`` is imported by the package, so a new file registers itself.
+
+Context parallelism: a mixer registered with ``context_parallel=True`` runs with a row's tokens split
+over the ``context`` mesh axis (``seqmodels.layers.context``: short-convolution halos, state passing
+for linear recurrences); ``check_context_parallel`` refuses ``mesh.context > 1`` for the others.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ class MixerEntry:
     build: Callable[[ModelConfigBase, nnx.Rngs], Mixer]
     flops_per_token: Callable[[ModelConfigBase, int], float]
     sections: tuple[str, ...]  # the model.<section> keys the mixer reads
+    context_parallel: bool = False  # runs with the sequence split over mesh.context (module docstring)
 
 
 @dataclass(frozen=True)
@@ -65,15 +70,16 @@ MIXERS: dict[str, MixerEntry] = {}
 SECTIONS: dict[str, SectionEntry] = {}
 
 
-def register(name: str, build, flops_per_token, *, sections: Iterable[str]) -> None:
-    """Register mixer ``name``, reading the config sections ``sections`` (checked by ``registered_sections``)."""
+def register(name: str, build, flops_per_token, *, sections: Iterable[str], context_parallel: bool = False) -> None:
+    """Register mixer ``name``, reading the config sections ``sections`` (checked by ``registered_sections``);
+    ``context_parallel``: it runs with the sequence split over ``mesh.context``."""
     if name in MIXERS:
         raise ValueError(f"mixer {name!r} is registered twice")
     sections = tuple(sections)
     if not sections or not all(isinstance(section, str) and section for section in sections):
         raise ValueError(f"mixer {name!r}: sections must name at least one config section (model.<section>), "
                          f"got {sections!r}")
-    MIXERS[name] = MixerEntry(build, flops_per_token, sections)
+    MIXERS[name] = MixerEntry(build, flops_per_token, sections, bool(context_parallel))
 
 
 def register_section(name: str, section: type, description: str) -> None:
@@ -120,6 +126,22 @@ def check_mixer_names(names, key: str = "model.mixers") -> None:
     """Raise ``ConfigError`` naming ``key`` and the first unknown mixer in ``names``."""
     for name in names:
         _entry(name, key)
+
+
+def context_parallel_mixers() -> tuple[str, ...]:
+    """The registered mixers that run with the sequence split over ``mesh.context``."""
+    return tuple(sorted(name for name, entry in MIXERS.items() if entry.context_parallel))
+
+
+def check_context_parallel(names, context: int, key: str = "model.mixers") -> None:
+    """Raise ``ConfigError`` when ``context > 1`` and a mixer of ``names`` has no context-parallel form."""
+    if context == 1:
+        return
+    missing = [name for name in dict.fromkeys(names) if not _entry(name, key).context_parallel]
+    if missing:
+        raise ConfigError(f"mesh.context={context}: {key} has {', '.join(missing)}, which cannot yet run with the "
+                          f"sequence split over devices; context-parallel mixers: "
+                          f"{', '.join(context_parallel_mixers())}. Use mesh.context=1 for this model")
 
 
 def build_mixer(name: str, config: ModelConfigBase, rngs: nnx.Rngs) -> Mixer:

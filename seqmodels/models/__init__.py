@@ -9,6 +9,7 @@ Each ``model.kind`` declares itself in ``kinds`` (the class, its FLOPs, which pa
 checkpoint it starts from, its evaluation suites, its export); the names below dispatch through it.
 """
 
-from seqmodels.models.kinds import (KINDS, ModelKind, abstract_model, build_model, flops_per_token,  # noqa: F401
-                                    kinds_measured_by, model_kind, trainable_filter)
+from seqmodels.models.kinds import (KINDS, ModelKind, abstract_model, build_model,  # noqa: F401
+                                    check_context_parallel_kind, flops_per_token, kinds_measured_by, model_kind,
+                                    trainable_filter)
 from seqmodels.models.lm import LM, generate, lm_flops_per_token  # noqa: F401

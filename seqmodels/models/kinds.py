@@ -2,9 +2,10 @@
 which checkpoint it starts from, which evaluation suites measure it and how it exports.
 
     kind    builds       trains           starts from (its base)                 eval suites              exports as
-    lm      LM           every parameter  model.init_from (hf:DIR)               perplexity, recall, cfl  causal LM
+    lm      LM           every parameter  model.init_from (hf:DIR)               perplexity, recall,      causal LM
+                                                                                 cfl, ruler
     looped  LoopedModel  every parameter  nothing                                cfl                      classifier
-    ahn     AHNModel     its compressors  model.ahn.base (Hugging Face or run)   ahn                      causal LM
+    ahn     AHNModel     its compressors  model.ahn.base (Hugging Face or run)   ahn, ruler               causal LM
 
 (the cfl suite also needs a run trained on ``data.source=cfl``: ``eval.py``).
 
@@ -73,6 +74,7 @@ class ModelKind:
     base: BaseCheckpoint | None
     suites: tuple[str, ...]  # the evaluation suites that measure a model of the kind
     export: ExportClass
+    context_parallel: bool = False  # runs with the sequence split over mesh.context (its mixers permitting)
 
 
 def _init_from_directory(value: str) -> str:
@@ -105,14 +107,14 @@ KINDS: dict[str, ModelKind] = {kind.name: kind for kind in (
     ModelKind("lm", "a language model", LM, lm_flops_per_token, None,
               BaseCheckpoint("init_from", _init_from_directory, _lm_adopt, _lm_merge, CONTINUED_PRETRAINING_LR,
                              "continued pretraining: the default of transformers' TrainingArguments"),
-              ("perplexity", "recall", "cfl"), CAUSAL_LM),
+              ("perplexity", "recall", "cfl", "ruler"), CAUSAL_LM, context_parallel=True),
     ModelKind("looped", "a looped model", LoopedModel, looped_flops_per_token, None, None, ("cfl",),
               ExportClass("SeqmodelsLoopedForSequenceClassification", "AutoModelForSequenceClassification",
                           labels=("reject", "accept"))),  # the head's <reject>, <accept> columns
     ModelKind("ahn", "an AHN run", AHNModel, ahn_flops_per_token, trainable_path,
               BaseCheckpoint("ahn.base", str, _ahn_adopt, _ahn_merge, AHN_COMPRESSOR_LR,
                              "AHN's compressors over a frozen base: the rate of configs/ahn_*.yaml"),
-              ("ahn",), CAUSAL_LM),
+              ("ahn", "ruler"), CAUSAL_LM),
 )}
 
 
@@ -121,6 +123,15 @@ def model_kind(model: ModelConfig) -> ModelKind:
     if model.kind not in KINDS:
         raise ConfigError(f"model.kind: unknown kind {model.kind!r}; known kinds: {', '.join(KINDS)}")
     return KINDS[model.kind]
+
+
+def check_context_parallel_kind(model: ModelConfig, context: int) -> None:
+    """``ConfigError`` when ``context > 1`` and the kind has no context-parallel form."""
+    kind = model_kind(model)
+    if context > 1 and not kind.context_parallel:
+        ready = ", ".join(name for name, other in KINDS.items() if other.context_parallel)
+        raise ConfigError(f"mesh.context={context}: {kind.description} (model.kind={kind.name}) cannot yet run with "
+                          f"the sequence split over devices (context-parallel kinds: {ready}); use mesh.context=1")
 
 
 def build_model(config: ModelConfig, *, seed: int = 0):

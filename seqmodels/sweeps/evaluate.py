@@ -6,7 +6,9 @@ of them): held-out loss (``evaluation.perplexity``, ``eval.batch_size`` x ``eval
 giving validation loss against training tokens and FLOPs. At the last step, every suite of
 ``eval.suites``: ``perplexity`` (loss per position bucket), ``recall`` (``evaluation.recall``: MQAR and
 selective copying of ``data.synthetic``), ``needle`` (``evaluation.text_needle``: a number hidden at
-each of ``eval.needle.depths`` of held-out text). The run's own ``metrics.jsonl`` gives tokens/s (median over its logged rows after the first, which
+each of ``eval.needle.depths`` of held-out text), ``ruler`` (``evaluation.ruler``: ``eval.ruler.tasks`` at
+``eval.ruler.lengths``, those above ``model.max_seq_len`` left out). The held-out loss reads the held-out
+sample (``data.heldout_sample``) and carries a 95 % bootstrap interval over its documents. The run's own ``metrics.jsonl`` gives tokens/s (median over its logged rows after the first, which
 includes the compilation; a run with one row only reports that row, flagged ``includes_compilation``).
 Writes ``--out`` as JSON atomically, only once everything has run.
 """
@@ -59,7 +61,8 @@ def evaluate_run(run_dir: Path, settings: dict, *, last_only: bool = False) -> d
         result = evaluate_perplexity(model, config, batch_size=settings["batch_size"],
                                      max_batches=settings["max_batches"])
         curve.append({"step": step, "tokens": step * tokens_per_step,
-                      "flops": step * tokens_per_step * train_flops_per_token, "loss": result["loss"]})
+                      "flops": step * tokens_per_step * train_flops_per_token, "loss": result["loss"],
+                      "loss_interval": [result["interval"]["low"], result["interval"]["high"]]})
         if step == last:
             final = (model, config, result)
     model, config, perplexity = final
@@ -77,6 +80,12 @@ def evaluate_run(run_dir: Path, settings: dict, *, last_only: bool = False) -> d
         results["needle"] = text_needle_accuracy(model, config, length=min(needle["length"], config.data.seq_len),
                                                  depths=needle["depths"], per_depth=needle["per_depth"],
                                                  seed=needle["seed"], batch_size=settings["batch_size"])
+    if "ruler" in settings["suites"]:
+        from seqmodels.evaluation.ruler import evaluate_ruler
+        ruler = settings["ruler"]
+        results["ruler"] = evaluate_ruler(model, config, tasks=ruler["tasks"], lengths=ruler["lengths"],
+                                          depths=ruler["depths"], per_depth=ruler["per_depth"], seed=ruler["seed"],
+                                          batch_size=settings["batch_size"])
     return results
 
 

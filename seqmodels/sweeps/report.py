@@ -8,7 +8,9 @@ evaluation: loss curve, loss by position, recall / needle accuracy, tokens/s).
 ``table.md``: one row per variant: parameters, forward FLOPs per token, tokens/s (median over its
 runs' logged steps) and its ratio to the first variant's, tokens trained, validation loss mean ±
 std over the seeds that finished (std over one seed is not shown; a time-limited run's loss at the
-tokens it reached in parentheses), needle / recall accuracy, and the status (a failed run's error, a time-limited run's
+tokens it reached in parentheses), each finished seed's 95 % bootstrap interval of that loss over held-out
+documents (runs evaluated before the held-out sample carried one have none, and the column is left out when no
+run has one), needle / recall accuracy, the mean RULER score per task, and the status (a failed run's error, a time-limited run's
 step). A variant none of whose runs was evaluated shows its error only. Below it, the final loss per
 position bucket of every evaluated variant.
 
@@ -82,6 +84,14 @@ def summarise(runs: list[dict]) -> dict:
         summary["needle_accuracy"] = _mean_std([e["needle"]["accuracy"] for e in evaluated])[0]
         depths = list(evaluated[0]["needle"]["by_depth"])
         summary["needle_by_depth"] = {d: _mean_std([e["needle"]["by_depth"][d] for e in evaluated])[0] for d in depths}
+    intervals = [e["curve"][-1]["loss_interval"] for e in finished if "loss_interval" in e["curve"][-1]]
+    if intervals:  # runs evaluated before the held-out sample carried intervals have none
+        summary["loss_intervals"] = intervals
+    if evaluated and all("ruler" in e for e in evaluated):
+        summary["ruler_scores"] = {
+            task: _mean_std([cell["score"] for e in evaluated
+                             for cell in e["ruler"]["tasks"][task]["by_length"].values() if "score" in cell])[0]
+            for task in evaluated[0]["ruler"]["tasks"]}
     if evaluated and all("recall" in e for e in evaluated):
         summary["recall_accuracy"] = {task: _mean_std([e["recall"][task]["accuracy"] for e in evaluated])[0]
                                       for task in evaluated[0]["recall"]}
@@ -132,9 +142,12 @@ def table_markdown(results: dict) -> str:
     baseline = next((v["summary"]["tokens_per_second"] for v in variants if v["summary"]["tokens_per_second"]), None)
     has_needle = any("needle_accuracy" in v["summary"] for v in variants)
     has_recall = any("recall_accuracy" in v["summary"] for v in variants)
+    has_intervals = any("loss_intervals" in v["summary"] for v in variants)
+    has_ruler = any("ruler_scores" in v["summary"] for v in variants)
     header = ["variant", "params", "FLOPs/token (fwd)", "tokens/s", "× first", "tokens trained",
               "val loss (mean ± std)"]
-    header += ["needle acc"] * has_needle + ["recall acc"] * has_recall + ["status"]
+    header += ["val loss 95 % CI per seed"] * has_intervals
+    header += ["needle acc"] * has_needle + ["recall acc"] * has_recall + ["RULER score"] * has_ruler + ["status"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for variant in variants:
         summary = variant["summary"]
@@ -151,11 +164,17 @@ def table_markdown(results: dict) -> str:
                ("≥" if summary["speed_includes_compilation"] else "")
                + _number(speed / baseline if speed and baseline else None, 2),
                f"{trained} of {_si(variant['tokens'])}", loss_text]
+        if has_intervals:
+            row.append("; ".join(f"[{low:.3f}, {high:.3f}]" for low, high in summary.get("loss_intervals", []))
+                       or "–")
         if has_needle:
             row.append(_number(summary.get("needle_accuracy"), 2))
         if has_recall:
             recall = summary.get("recall_accuracy")
             row.append(", ".join(f"{t} {a:.2f}" for t, a in recall.items()) if recall else "–")
+        if has_ruler:
+            ruler = summary.get("ruler_scores")
+            row.append(", ".join(f"{t} {_number(a, 2)}" for t, a in ruler.items()) if ruler else "–")
         statuses = summary["statuses"]
         note = ", ".join(f"seed {r['seed']}: {r['status']}" for r in variant["runs"]) if set(statuses) != {"done"} \
             else "done"
@@ -176,7 +195,13 @@ def table_markdown(results: dict) -> str:
             "rate is higher; `× first` is the ratio to the first variant's. val loss: nats per token on the "
             "held-out documents at the last step, over the seeds that trained to the budget; in parentheses, "
             "the loss of a run stopped by the time limit at the tokens it reached (not comparable). "
-            "[a, b): loss of the tokens at positions a..b-1 of their document (mean over the evaluated seeds).\n")
+            "[a, b): loss of the tokens at positions a..b-1 of their document (mean over the evaluated seeds).\n"
+            + ("val loss 95 % CI: per finished seed, a percentile bootstrap over the documents of the held-out "
+               "sample (seqmodels.data.heldout_sample); – for runs evaluated before the sample carried one.\n"
+               if has_intervals else "")
+            + ("RULER score: per task, the fraction of references found in the greedy continuation, mean over "
+               "the evaluated seeds and eval.ruler.lengths (per length, depth and interval: results.json).\n"
+               if has_ruler else ""))
 
 
 def position_table(variants: list[dict]) -> str:

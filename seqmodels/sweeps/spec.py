@@ -13,11 +13,13 @@ A sweep file (YAML)::
     budget: {tokens: 1000000}          # or {flops: 3.0e13}: training FLOPs, 3 x forward (FLOPs registry)
     time_limit_minutes: 30             # per run; a run stopped by it is reported with its tokens/s (0 = none)
     eval:
-      suites: [perplexity, needle]     # perplexity | recall | needle
+      suites: [perplexity, needle]     # perplexity | recall | needle | ruler
       points: 4                        # loss evaluated at this many checkpoints along training
       batch_size: 4
       max_batches: 8
       needle: {length: 512, depths: [0.1, 0.5, 0.9], per_depth: 8}
+      ruler: {lengths: [1024, 2048], tasks: [niah_single_1, niah_single_2], depths: [0, 0.5, 1],
+              per_depth: 4, seed: 42}     # seqmodels.evaluation.ruler; lengths above model.max_seq_len left out
 
 Budget -> steps: ``tokens_per_step = train.batch_size * data.seq_len``; a token budget ``T`` gives
 ``steps = max(1, round(T / tokens_per_step))``; a FLOPs budget ``F`` gives ``steps = max(1, round(F /
@@ -42,13 +44,14 @@ import yaml
 
 from seqmodels.config import Config, ConfigError
 
-SUITES = ("perplexity", "recall", "needle")
+SUITES = ("perplexity", "recall", "needle", "ruler")
 CONTROLLED_KEYS = ("train.run_dir", "train.steps", "train.seed", "train.exit_at_step", "data.seed",
                    "checkpoint.every_steps", "checkpoint.keep", "checkpoint.keep_period", "checkpoint.resume",
                    "log.progress")
 _TOP_KEYS = {"name", "base", "overrides", "variants", "seeds", "budget", "time_limit_minutes", "eval"}
-_EVAL_KEYS = {"suites", "points", "batch_size", "max_batches", "needle"}
+_EVAL_KEYS = {"suites", "points", "batch_size", "max_batches", "needle", "ruler"}
 _NEEDLE_KEYS = {"length", "depths", "per_depth", "seed"}
+_RULER_KEYS = {"lengths", "tasks", "depths", "per_depth", "seed"}
 
 
 class SweepError(ValueError):
@@ -64,12 +67,22 @@ class NeedleSettings:
 
 
 @dataclasses.dataclass(frozen=True)
+class RulerSettings:
+    lengths: tuple[int, ...] = (1024,)
+    tasks: tuple[str, ...] = ("niah_single_1", "niah_single_2", "niah_multikey_1")
+    depths: tuple[float, ...] = (0.0, 0.5, 1.0)
+    per_depth: int = 4
+    seed: int = 42
+
+
+@dataclasses.dataclass(frozen=True)
 class EvalSettings:
     suites: tuple[str, ...] = ("perplexity",)
     points: int = 4
     batch_size: int = 4
     max_batches: int = 8
     needle: NeedleSettings = NeedleSettings()
+    ruler: RulerSettings = RulerSettings()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,6 +147,8 @@ def _eval_settings(raw) -> EvalSettings:
     _unknown(raw, _EVAL_KEYS, "eval")
     needle_raw = _mapping(raw.get("needle"), "eval.needle")
     _unknown(needle_raw, _NEEDLE_KEYS, "eval.needle")
+    ruler_raw = _mapping(raw.get("ruler"), "eval.ruler")
+    _unknown(ruler_raw, _RULER_KEYS, "eval.ruler")
     suites = tuple(raw.get("suites", ("perplexity",)))
     bad = [s for s in suites if s not in SUITES]
     if bad or not suites:
@@ -141,7 +156,8 @@ def _eval_settings(raw) -> EvalSettings:
     settings = EvalSettings(suites=suites, points=raw.get("points", 4), batch_size=raw.get("batch_size", 4),
                             max_batches=raw.get("max_batches", 8),
                             needle=NeedleSettings(**{k: tuple(v) if k == "depths" else v
-                                                     for k, v in needle_raw.items()}))
+                                                     for k, v in needle_raw.items()}),
+                            ruler=_ruler_settings(ruler_raw))
     for key in ("points", "batch_size", "max_batches"):
         if not isinstance(getattr(settings, key), int) or getattr(settings, key) < 1:
             raise SweepError(f"eval.{key}: must be an int >= 1, got {getattr(settings, key)!r}")
@@ -151,6 +167,27 @@ def _eval_settings(raw) -> EvalSettings:
     if not isinstance(needle.per_depth, int) or needle.per_depth < 1 or not isinstance(needle.length, int) \
             or needle.length < 32:
         raise SweepError("eval.needle: per_depth must be an int >= 1 and length an int >= 32")
+    return settings
+
+
+def _ruler_settings(raw: dict) -> RulerSettings:
+    from seqmodels.data.ruler_tasks import TASKS
+    for key in ("lengths", "tasks", "depths"):
+        if key in raw and (isinstance(raw[key], (str, bytes)) or not isinstance(raw[key], (list, tuple))):
+            raise SweepError(f"eval.ruler.{key}: expected a list, got {raw[key]!r}")
+    settings = RulerSettings(**{k: tuple(v) if k in ("lengths", "tasks", "depths") else v for k, v in raw.items()})
+    if not settings.lengths or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 2
+                                       for n in settings.lengths):
+        raise SweepError(f"eval.ruler.lengths: must be ints >= 2 (tokens), got {list(settings.lengths)}")
+    unknown = [t for t in settings.tasks if t not in TASKS]
+    if unknown or not settings.tasks:
+        raise SweepError(f"eval.ruler.tasks: unknown or no task(s) {unknown}; choose from {', '.join(TASKS)}")
+    if not settings.depths or not all(isinstance(d, (int, float)) and 0 <= d <= 1 for d in settings.depths):
+        raise SweepError(f"eval.ruler.depths: must be numbers in [0, 1], got {list(settings.depths)}")
+    for key in ("per_depth", "seed"):
+        value = getattr(settings, key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < (1 if key == "per_depth" else 0):
+            raise SweepError(f"eval.ruler.{key}: must be an int >= {1 if key == 'per_depth' else 0}, got {value!r}")
     return settings
 
 
@@ -174,6 +211,18 @@ def check_suites_fit(name: str, config: Config, settings: EvalSettings) -> None:
             text_needle_rows(config, length=settings.needle.length, depths=[0.5], per_depth=1)
         except ValueError as error:  # DataError is a ValueError
             raise SweepError(f"variant {name!r}: eval.needle: {error}") from None
+    if "ruler" in settings.suites:
+        from seqmodels.models import model_kind
+        if "ruler" not in model_kind(config.model).suites:
+            raise SweepError(f"variant {name!r}: eval.suites: ruler needs a model kind with a generate "
+                             f"(model.kind={config.model.kind} has none)")
+        from seqmodels.data.sources import get_source
+        if not get_source(config.data.source).encodes_text:
+            raise SweepError(f"variant {name!r}: eval.suites: ruler needs a run trained on text "
+                             f"(data.source={config.data.source} is not)")
+        if min(settings.ruler.lengths) > config.model.max_seq_len:
+            raise SweepError(f"variant {name!r}: eval.ruler.lengths {list(settings.ruler.lengths)}: every length "
+                             f"exceeds model.max_seq_len={config.model.max_seq_len}")
 
 
 def _steps(budget: dict, config: Config, flops_per_token: float) -> int:

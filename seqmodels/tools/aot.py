@@ -52,7 +52,7 @@ def abstract_train_inputs(config, mesh):
     from jax.sharding import NamedSharding, PartitionSpec
 
     from seqmodels.optim.build import build_optimizer
-    from seqmodels.sharding import logical_spec, param_logical_axes, param_shardings
+    from seqmodels.sharding import batch_sharding as sequence_batch_sharding, param_logical_axes, param_shardings
     from seqmodels.models import abstract_model
     from seqmodels.training.state import optimizer_state_shardings
     from seqmodels.training.step import make_train_step
@@ -70,7 +70,7 @@ def abstract_train_inputs(config, mesh):
     plain_state = {"step": jax.ShapeDtypeStruct((), "int32"), "params": params, "opt_state": abstract_opt}
     state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), plain_state,
                          state_shardings)
-    batch_sharding = NamedSharding(mesh, logical_spec(("batch", None)))
+    batch_sharding = sequence_batch_sharding(mesh)
     rows = (config.train.batch_size, config.data.seq_len)
     batch = {name: jax.ShapeDtypeStruct(rows, "int32", sharding=batch_sharding)
              for name in ("inputs", "targets", "segment_ids", "positions")}

@@ -5,8 +5,8 @@ function of the data settings and s alone) and keeps the block of rows its devic
 (``ProcessRows``); the data position is therefore the same on every process and does not depend on
 their number, so a checkpoint resumes on any number of processes.
 
-The batch ``[B, T]`` is split over the mesh axes ``data x fsdp`` (``logical_spec(("batch", None))``)
-and replicated over ``tensor``. A process must feed exactly the rows its own devices hold. When
+The batch ``[B, T]`` is split over the mesh axes ``data x fsdp`` on its rows and over ``context`` on
+its tokens (``seqmodels.sharding.batch_sharding``), and replicated over ``tensor``. A process must feed exactly the rows its own devices hold. When
 every process's devices hold a distinct block of rows, the blocks are the *data shards* and
 process p reads shard p. When the tensor (or any replicated) axis spans processes, several
 processes hold the same rows: they form one shard and must read the same data. ``data_shard``
@@ -31,7 +31,8 @@ def _row_block(indices, rows: int) -> tuple[int, int]:
 def data_shard(sharding: NamedSharding, rows: int) -> tuple[int, int]:
     """``(shard index, number of shards)`` of this process for a ``[rows, ...]`` batch under ``sharding``."""
     blocks: dict[int, set] = {}
-    for device, indices in sharding.devices_indices_map((rows, 1)).items():
+    # columns: any multiple of the sequence axis's shards (the mesh size is one), so a split sequence fits
+    for device, indices in sharding.devices_indices_map((rows, sharding.mesh.size)).items():
         blocks.setdefault(device.process_index, set()).add(_row_block(indices, rows))
     spans = {}
     for process, held in blocks.items():

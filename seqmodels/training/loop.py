@@ -20,19 +20,18 @@ from pathlib import Path
 
 import jax
 from flax import nnx
-from jax.sharding import NamedSharding
 
 from seqmodels.config import Config, ConfigError
 from seqmodels.config_io import save_config, to_dict
 from seqmodels.data.pipeline import describe_source, make_train_dataset, required_vocab_size
 from seqmodels.hf.base import start_params
-from seqmodels.mixers import check_mixer_names
-from seqmodels.models import abstract_model, flops_per_token, trainable_filter
+from seqmodels.mixers import check_context_parallel, check_mixer_names
+from seqmodels.models import abstract_model, check_context_parallel_kind, flops_per_token, trainable_filter
 from seqmodels.models.trainable import trainable_part
 from seqmodels.optim.build import build_optimizer
 from seqmodels.runs.checkpoint_check import describe_incomplete, restore_with_fallback
 from seqmodels.runs.checkpoints import CheckpointError
-from seqmodels.sharding import logical_spec, make_mesh, param_logical_axes
+from seqmodels.sharding import batch_sharding as sequence_batch_sharding, make_mesh, param_logical_axes
 from seqmodels.training.agreed_stop import AgreedStop
 from seqmodels.training.batches import ProcessRows, data_shard, global_batch
 from seqmodels.training.checkpoint import Checkpointer
@@ -53,6 +52,8 @@ class TrainingDiverged(RuntimeError):
 def validate(config: Config, mesh) -> None:
     """Checks that need more than one config section; raise ``ConfigError``."""
     check_mixer_names(config.model.mixers)
+    check_context_parallel_kind(config.model, mesh.shape["context"])
+    check_context_parallel(config.model.mixers, mesh.shape["context"])
     check_allow_changes(config.checkpoint.allow_changes)
     vocab = required_vocab_size(config.data)
     if config.model.vocab_size < vocab:
@@ -63,6 +64,10 @@ def validate(config: Config, mesh) -> None:
     if rows % data_parallel:
         raise ConfigError(f"train.batch_size={config.train.batch_size} / train.grad_accum={config.train.grad_accum} "
                           f"= {rows} rows per micro-batch must be divisible by mesh data x fsdp = {data_parallel}")
+    context = mesh.shape["context"]
+    if config.data.seq_len % context:
+        raise ConfigError(f"data.seq_len={config.data.seq_len} must be divisible by mesh.context={context} (each "
+                          "row's tokens are split into that many equal contiguous shards)")
 
 
 def _open_checkpoints(config: Config) -> tuple[Checkpointer | None, tuple | None, dict[int, str]]:
@@ -128,7 +133,7 @@ def _make_mesh(config: Config):
     try:
         return make_mesh(config.mesh)
     except ValueError as error:
-        raise ConfigError(f"{error}; set mesh.data, mesh.fsdp and mesh.tensor to multiply to the device count "
+        raise ConfigError(f"{error}; set mesh.data, mesh.fsdp, mesh.context and mesh.tensor to multiply to the device count "
                           f"({jax.device_count()}), or one of them to -1") from None
 
 
@@ -143,7 +148,7 @@ def train(config: Config, stop: StopFlag | None = None) -> dict:
     try:
         mesh = _make_mesh(config)
         validate(config, mesh)
-        batch_sharding = NamedSharding(mesh, logical_spec(("batch", None)))
+        batch_sharding = sequence_batch_sharding(mesh)
         # every process draws the global batch and keeps its rows (processes holding the same rows: one shard)
         shard, shards = data_shard(batch_sharding, config.train.batch_size)
         dataset = make_train_dataset(config.data, batch_size=config.train.batch_size)

@@ -3,6 +3,7 @@ online rule at chunk size 1, document isolation, zero momentum without NaN, and 
 
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -12,7 +13,9 @@ import pytest
 from pallas_kernels import newton_schulz
 from pallas_kernels.atlas_memory import (AtlasInputs, AtlasSettings, MemoryLayout, atlas_memory, atlas_memory_step,
                                          init_state, memory_apply, memory_loss)
-from pallas_kernels.atlas_memory.memory import gradient_factors
+from pallas_kernels.atlas_memory import xla as atlas_xla
+from pallas_kernels.atlas_memory.memory import gradient_factors, orthogonalize
+from pallas_kernels.newton_schulz.coefficients import resolve_coefficients
 from seqmodels.mixers.atlas import feature_dim, feature_map, initial_coefficients
 
 pytestmark = pytest.mark.xdist_group("atlas_memory")  # one worker: jitted programs are reused
@@ -76,6 +79,9 @@ CASES = {
     # linear memory, degree-2 features, Muon NS with eta on the orthogonalised update (Muon's learning rate)
     "linear-p2-c2-b4-k5-update": (False, 2, AtlasSettings(None, window=2, chunk_size=4, ns_steps=5,
                                                           eta_scales="update")),
+    # deep memory, Polar Express NS, a window of 5 over chunks of 2 (it reaches back three chunks), eta on the update
+    "deep-p2-c5-b2-k5-polar": (True, 2, AtlasSettings(None, window=5, chunk_size=2, ns_steps=5,
+                                                      ns_coefficients="polar_express", eta_scales="update")),
     # Titans (c = 1, p = 1, k = 0) with deep memory and the inner gradient clipped at a norm that most tokens exceed
     "deep-p1-c1-b4-k0-clip": (True, 1, AtlasSettings(None, window=1, chunk_size=4, ns_steps=0,
                                                      grad_clip=0.5)),
@@ -85,16 +91,17 @@ CASES = {
 def settings_for(name):
     deep, degree, settings = CASES[name]
     inputs, initial, layout = make_case(deep, degree, norm=name.endswith("-norm"))
-    return inputs, initial, AtlasSettings(layout, settings.window, settings.chunk_size, settings.ns_steps,
-                                          grad_clip=settings.grad_clip,
-                                          eta_scales=settings.eta_scales)
+    return inputs, initial, dataclasses.replace(settings, layout=layout)
 
 
 def scale_tolerance(settings):
-    # float32. Without NS the two forms differ by summation order only (~1e-6 relative). Each muon NS
-    # step multiplies small singular values by up to 3.4445, so k steps amplify rounding by up to
-    # 3.4445^k (~485 for k = 5): ~1e-7 * 485 ~ 5e-5 relative; 1e-3 leaves a margin of 20.
-    return 1e-3 if settings.ns_steps else 2e-5
+    # float32. Without NS the two forms differ by summation order only (~1e-6 relative). Each NS step
+    # multiplies small singular values by up to its a_t, so k steps amplify rounding by up to prod a_t
+    # (muon: 3.4445^5 ~ 485; polar_express: ~980): ~1e-7 times that, with a margin of 20 (muon: ~1e-3).
+    if not settings.ns_steps:
+        return 2e-5
+    schedule, _ = resolve_coefficients(settings.ns_coefficients, settings.ns_steps)
+    return 20 * 1e-7 * math.prod(a for a, _, _ in schedule)
 
 
 # The memory-norm cases take 40-70 s each on a loaded 2-core CPU (the reference scan's autodiff).
@@ -381,3 +388,92 @@ def test_return_memory_gives_the_memory_after_the_last_token_in_both_forms():
     # The read-out of the last token is the returned memory applied to its query.
     last = memory_apply(memory, one_document.phi_q[:, -1], settings.layout, one_document.norm_gain)
     np.testing.assert_allclose(last, y[:, -1], atol=1e-5 * float(jnp.abs(y).max()))
+
+
+@pytest.mark.parametrize("coefficients", ["muon", "polar_express"])
+def test_each_matrix_orthogonalised_at_its_shape_equals_the_padded_stacked_call(coefficients):
+    """W1 [F, E] and W2 [E, V] each through Newton-Schulz equal one call over W1 stacked with W2^T zero-padded
+    to [F, E] (the padded rows stay zero, the norm is unchanged), values and gradients."""
+    layout = MemoryLayout(12, 4, 8)  # F = 12, V = 4, E = 8
+    keys = jax.random.split(jax.random.key(4), 3)
+    momenta = tuple(jax.random.normal(k, (3, 2, m, n)) for k, (m, n) in zip(keys, layout.shapes))
+    weights = jax.random.normal(keys[2], (3, 2, 12, 8))
+
+    def padded(momenta):
+        w1, w2 = momenta
+        w2t = jnp.pad(jnp.swapaxes(w2, -1, -2), [(0, 0), (0, 0), (0, 12 - 4), (0, 0)])
+        out = newton_schulz(jnp.stack([w1, w2t], axis=-3), coefficients=coefficients, impl="xla")
+        return out[..., 0, :, :], jnp.swapaxes(out[..., 1, :4, :], -1, -2)
+
+    def unpadded(momenta):
+        return orthogonalize(momenta, layout, steps=5, coefficients=coefficients, impl="xla")
+
+    def loss(form, momenta):
+        w1, w2 = form(momenta)
+        return jnp.sum(w1 * weights) + jnp.sum(jnp.sin(w2) * weights[..., :8, :4])
+
+    for got, want in zip(unpadded(momenta), padded(momenta)):
+        assert got.shape == want.shape
+        # float32: the same iteration on the same nonzero block (the zero rows add exact zeros).
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+    grads = [jax.grad(functools.partial(loss, form))(momenta) for form in (unpadded, padded)]
+    for got, want in zip(*grads):
+        np.testing.assert_allclose(got, want, atol=1e-4 * float(jnp.abs(want).max()), rtol=0)
+
+
+@pytest.mark.parametrize("window", [1, 2, 3, 6, 9])
+def test_running_window_sum_equals_the_banded_sum(window):
+    """The recursive window sum (entering term added, leaving term subtracted, reset at a document start)
+    equals sum_i [t - c < i <= t, same document] left_i (x) right_i over a span of c - 1 + b tokens."""
+    size, heads = 4, 2
+    span = size + window - 1
+    keys = jax.random.split(jax.random.key(window), 4)
+    lefts = (jax.random.normal(keys[0], (BATCH, span, heads, 3)), jax.random.normal(keys[1], (BATCH, span, heads, 5)))
+    rights = (jax.random.normal(keys[2], (BATCH, span, heads, 2)), jax.random.normal(keys[3], (BATCH, span, heads, 4)))
+    # Row 0: carried tokens of document 1 (-1 before the row starts), then documents 2 and 3 in the chunk.
+    document = np.stack([np.r_[[-1] * (span - 9), [1, 1, 1, 2, 2, 2, 3, 3, 3]][-span:], np.full(span, 7)])
+    document = jnp.asarray(document, jnp.int32)
+    got = atlas_xla._window_sums(lefts, rights, document, window, "xla", None)
+    token = jnp.arange(size)[:, None] + window - 1  # the chunk's tokens in span positions
+    extended = jnp.arange(span)[None, :]
+    band = (extended <= token) & (extended > token - window)
+    mask = (band[None] & (document[:, None, :] == document[:, window - 1:, None])).astype(jnp.float32)
+    want = jnp.concatenate([jnp.einsum("bti,bihm,bihn->bthmn", mask, left, right).reshape(BATCH, size, heads, -1)
+                            for left, right in zip(lefts, rights)], axis=-1)
+    assert got.shape == want.shape == (BATCH, size, heads, 3 * 2 + 5 * 4)
+    # float32: at most 2 (c + 1) terms of size ~10 added and subtracted per entry: ~1e-6 absolute.
+    np.testing.assert_allclose(got, want, atol=1e-5 * float(jnp.abs(want).max()), rtol=0)
+
+
+# The deep case takes ~18 s on a loaded 2-core CPU (three forms, compiled with their gradients).
+@pytest.mark.parametrize("case", ["linear-p2-c2-b4-k5-update",
+                                  pytest.param("deep-p2-c3-b4-k5", marks=pytest.mark.slow)])
+def test_bf16_newton_schulz_matches_the_reference_in_bf16(case):
+    """With ns_dtype = bfloat16 the chunked form (bf16 Newton-Schulz matmuls forward and backward, fp32
+    accumulation) follows the token-by-token oracle run with the same ns_dtype (bf16-rounded momenta, an fp32
+    iteration), and it is a bf16 computation (it differs from float32 by far more than fp32 rounding)."""
+    inputs, initial, settings = settings_for(case)
+    # The paper's rule (eta on the update, muon): with eta on the gradient every token writes a unit-scale
+    # NS step whatever its error, and at these shapes bf16 rounding then sends the float32 and bf16 oracles
+    # 40% apart; the Polar Express schedule amplifies bf16 rounding about twice as much as muon's.
+    settings = dataclasses.replace(settings, eta_scales="update")
+    half = dataclasses.replace(settings, ns_dtype="bfloat16")
+    y_chunked, grads_chunked = evaluate(chunked, inputs, initial, half)
+    y_reference, grads_reference = evaluate(reference, inputs, initial, half)
+    y_fp32, grads_fp32 = evaluate(reference, inputs, initial, settings)
+    # bf16 operands (2^-9 relative) through 5 NS steps that amplify small singular values up to ~500x: each
+    # token's update differs by a few % (test_newton_schulz), and these compound along the row. Measured
+    # (Frobenius): outputs 0.7-2.3% from the bf16 oracle, 1.7-7.5% from float32 (the oracle's own bf16: 1.8-6.6%).
+    assert _relative_error(y_chunked, y_reference) < 5e-2
+    assert _relative_error(y_chunked, y_fp32) > 1e-3
+    # Gradients go through that compounding twice (the trajectory, then the backward): measured 1-83% from the
+    # bf16 oracle (the gates' worst), where the bf16 oracle is itself 3-73% from its float32 gradients. The
+    # chunked bf16 gradient is within 1.5x the oracle's own bf16 error, or 0.5 (which bounds a sign or scale error).
+    for got, want, exact in zip(*(jax.tree.leaves(g) for g in (grads_chunked, grads_reference, grads_fp32))):
+        bound = max(0.5, 1.5 * _relative_error(want, exact))
+        assert _relative_error(got, want) < bound, (got.shape, _relative_error(got, want), bound)
+
+
+def _relative_error(actual, expected):
+    actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
+    return np.linalg.norm(actual - expected) / max(np.linalg.norm(expected), 1e-12)

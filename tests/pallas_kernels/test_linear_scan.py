@@ -68,6 +68,25 @@ def test_xla_and_pallas_forward_and_all_gradients_match_the_sequential_oracle(sh
             _assert_close(grad, grad_ref, tolerance, f"{impl}: {name}")
 
 
+@pytest.mark.parametrize("reverse", [False, True])
+def test_a_decay_per_row_equals_the_decay_broadcast_over_the_last_axis(reverse):
+    """``a [B, T, H, 1]`` beside ``b [B, T, H, D]``: every impl gives the scan of the broadcast decay, and the
+    decay's gradient is the broadcast one's summed over the last axis."""
+    shape = (2, 13, 3, 6)
+    a, b, initial, cotangent = _inputs(shape, jnp.float32)
+    per_row = a[..., :1]
+    h_full, grads_full = _value_and_grads("reference", jnp.broadcast_to(per_row, shape), b, initial, cotangent,
+                                          reverse)
+    for impl in ("reference", "xla", "pallas"):
+        h, grads = _value_and_grads(impl, per_row, b, initial, cotangent, reverse)
+        assert h.shape == shape and grads[0].shape == per_row.shape
+        _assert_close(h, h_full, TOLERANCE[jnp.float32], f"{impl}: h")
+        _assert_close(grads[0], jnp.sum(grads_full[0], axis=-1, keepdims=True), TOLERANCE[jnp.float32],
+                      f"{impl}: da")
+        for name, grad, grad_full in zip(("db", "dinitial"), grads[1:], grads_full[1:]):
+            _assert_close(grad, grad_full, TOLERANCE[jnp.float32], f"{impl}: {name}")
+
+
 def test_reverse_scan_runs_from_the_end_with_the_initial_state_after_the_last_step():
     a = jnp.full((1, 3, 1), 0.5)
     b = jnp.array([1.0, 2.0, 4.0]).reshape(1, 3, 1)
@@ -96,6 +115,7 @@ def test_decays_near_zero_and_one_over_4096_steps_stay_finite_and_agree():
     [
         (dict(a=jnp.zeros((2, 5, 3)), b=jnp.zeros((2, 4, 3))), r"b must have shape .*\(2, 5, 3\), got \(2, 4, 3\)"),
         (dict(a=jnp.zeros((5,)), b=jnp.zeros((5,))), r"a must have shape \[B, T, \.\.\.\] .*got \(5,\)"),
+        (dict(a=jnp.zeros((2, 5, 3, 2)), b=jnp.zeros((2, 5, 3, 4))), r"b must have shape .*a decay per row"),
         (dict(a=jnp.zeros((2, 5), jnp.int32), b=jnp.zeros((2, 5))), "a must be a floating-point array"),
         (
             dict(a=jnp.zeros((2, 5, 3)), b=jnp.zeros((2, 5, 3)), initial=jnp.zeros((2, 4))),

@@ -14,7 +14,9 @@ lookup, a listing, or a registration from outside), so a new source is one new m
 
 Every batch, training or evaluation, is ``{inputs, targets, segment_ids, positions: int32, loss_mask:
 float32}`` with every array ``[batch_size, row_length]`` (``packing.FIELDS``); ``row_length`` is
-``data.seq_len`` unless the source documents otherwise (``cfl`` training rows are shorter).
+``data.seq_len`` unless the source documents otherwise (``cfl`` training rows are shorter). Evaluation
+batches of a document corpus (text or ``token_ids``) also carry ``documents`` (int32, same shape): the held-out index of each
+target token's document, -1 where there is no loss (``seqmodels.data.heldout_sample``).
 """
 
 from __future__ import annotations

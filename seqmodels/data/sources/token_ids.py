@@ -27,7 +27,8 @@ from seqmodels.config import ConfigError, DataConfig
 from seqmodels.data.document_rows import DOCUMENT_READ_OPTIONS, FrameIds, shuffle_seed, tokenizer_vocab_size
 from seqmodels.data.document_split import split_indices
 from seqmodels.data.errors import DataError
-from seqmodels.data.packing import heldout_batches, pack_and_batch
+from seqmodels.data.heldout_sample import sampled_heldout_batches
+from seqmodels.data.packing import pack_and_batch
 from seqmodels.data.shards import TOKEN_METADATA, tokenizer_fingerprint
 from seqmodels.data.sources import DataSource, register_source
 from seqmodels.data.tokenizers import get_tokenizer
@@ -132,9 +133,9 @@ def token_ids_eval(cfg: DataConfig, *, batch_size: int, max_batches: int) -> lis
     if not len(heldout):
         raise DataError(f"data.source='token_ids': no held-out documents "
                         f"(data.heldout_fraction={cfg.heldout_fraction})")
-    stream = grain.MapDataset.source(heldout).map(FrameIds(*get_tokenizer(cfg.tokenizer).document_ids()))
-    return heldout_batches(stream.to_iter_dataset(), seq_len=cfg.seq_len, batch_size=batch_size,
-                           max_batches=max_batches)
+    return sampled_heldout_batches(heldout, FrameIds(*get_tokenizer(cfg.tokenizer).document_ids()),
+                                   seq_len=cfg.seq_len, batch_size=batch_size, max_batches=max_batches,
+                                   seed=cfg.heldout_seed)
 
 
 def _describe(cfg: DataConfig) -> str:

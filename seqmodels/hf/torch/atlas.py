@@ -12,7 +12,8 @@ Per head (head dimension D), token by token (``pallas_kernels/atlas_memory/refer
 with ``phi`` the polynomial features (degree p: ``[c_1 k, c_2 (k_:R (x) k_:R), ...]``), ``M`` a matrix
 ``W [F, D]`` or the MLP ``phi[:D] + silu(phi W1) W2`` (with ``model.atlas.memory_norm``: ``phi[:D] + g * LN(o)``,
 ``o`` the linear or MLP branch, ``g [H, D]`` a learned gain), the gradients in closed form (outer products) and
-``NS_k`` applied to the deep memory's ``W1`` and zero-padded ``W2^T`` stacked, as the JAX op does.
+``NS_k`` applied to the deep memory's ``W1`` and zero-padded ``W2^T`` stacked: the same matrices as the JAX
+op's one call per matrix.
 
 Padding (``positions`` -1) is skipped by the convolution and changes nothing of the state: not the memory,
 the momentum, the Omega window, nor the row's count of tokens that places its chunk boundaries.

@@ -10,6 +10,7 @@ import pytest
 from seqmodels.config import DataConfig
 from seqmodels.data import (BOS_ID, EOS_ID, FIELDS, DataError, describe_source, load_documents,
                             make_eval_batches, make_train_dataset)
+from seqmodels.data.heldout_sample import sample_order
 from seqmodels.data.pipeline import train_document_stream
 
 SEQ_LEN, BATCH = 16, 4
@@ -108,7 +109,14 @@ def test_heldout_documents_are_disjoint_from_train_and_are_what_eval_reads(small
     assert len(split.heldout) >= 1
     batches = make_eval_batches(small_corpus, batch_size=BATCH, max_batches=50)
     assert_same_batches(make_eval_batches(small_corpus, batch_size=BATCH, max_batches=50), batches)
-    assert documents_in(batches) == all_texts(split.heldout)  # corpus order, no shuffle, no repeat
+    # The held-out sample: every held-out document once, its first SEQ_LEN + 1 tokens, in the seeded order.
+    order = sample_order(len(split.heldout), small_corpus.heldout_seed)
+    want = [np.r_[BOS_ID, np.frombuffer(split.heldout[int(i)].encode(), np.uint8).astype(int), EOS_ID][:SEQ_LEN + 1]
+            for i in order]
+    rows = [np.r_[b["inputs"][r], b["targets"][r, -1]] for b in batches for r in range(len(b["inputs"]))]
+    stream = np.concatenate(rows)
+    np.testing.assert_array_equal(stream[:sum(w.size for w in want)], np.concatenate(want))
+    assert list(order) != sorted(order)  # not corpus order
 
 
 def test_eval_pads_the_last_batch_with_masked_rows_and_caps_the_count(small_corpus):

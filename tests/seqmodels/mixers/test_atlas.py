@@ -81,9 +81,12 @@ def test_atlas_flops_follow_the_documented_formula():
     features, hidden = dim + 16, 64  # F = D + R^2, E = 2 D
     size = features * hidden + hidden * dim
     projections = 2 * d * 4 * heads * dim + 2 * d * 4 * heads + 2 * heads * dim * d
-    ns_step = 4 * features**2 * hidden + 2 * features**3  # F = 48 < E = 64
-    inner = 2 * (2 * size + 2 * hidden * dim) * (8 + 3 - 1) / 8  # the chunk's 8 tokens and the 2 carried ones
-    per_head = inner + 2 * (8 + 3 - 1) * size + 5 * 2 * ns_step + 2 * size
+    # W1 [F, E] with F = 48 < E = 64, and W2 [E, D] with D = 32 < E: each on its smaller Gram side.
+    ns_step = (4 * features**2 * hidden + 2 * features**3) + (4 * dim**2 * hidden + 2 * dim**3)
+    evaluated = (8 + 3 - 1) / 8  # the chunk's 8 tokens and the 2 carried ones, per token
+    inner = 2 * (2 * size + 2 * hidden * dim) * evaluated
+    window = 3 * size * evaluated  # rank-1 gradients as matrices, then the running sum's add and subtract
+    per_head = inner + window + 5 * ns_step + 2 * size
     assert mixer_flops_per_token("atlas", config, 128) == projections + heads * per_head
     swa = mixer_flops_per_token("swa", config, 128)
     assert mixer_flops_per_token("atlas_mag", config, 128) == projections + heads * per_head + swa + 2 * d * d

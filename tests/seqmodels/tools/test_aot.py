@@ -126,7 +126,18 @@ def test_gated_deltanet_with_full_remat_compiles_for_tpu(aot):
     report = aot.compile("v5e:2x2", "configs/gated_deltanet.yaml",
                      TINY + ["model.mixers=[gated_deltanet] * 2", "model.remat=full", "mesh.data=1", "mesh.fsdp=2",
                              "mesh.tensor=2", "model.compute_dtype=bfloat16"])
-    assert report["mesh"] == {"data": 1, "fsdp": 2, "tensor": 2} and report["temp_bytes"] > 0
+    assert report["mesh"] == {"data": 1, "fsdp": 2, "context": 1, "tensor": 2} and report["temp_bytes"] > 0
+
+
+@pytest.mark.slow
+def test_a_split_sequence_compiles_for_tpu_with_the_mosaic_kernels_inside_each_shard(aot):
+    """``mesh.context=4``: the delta rule's state passing and the gathered attention lower for a v5e
+    topology, the chunk kernels running on each shard's tokens (forward and backward of both passes)."""
+    report = aot.compile("v5e:2x2", "configs/gated_deltanet.yaml",
+                         TINY + ["model.mixers=[gated_deltanet, attention]", "model.remat=full", "mesh.data=1",
+                                 "mesh.context=4", "model.compute_dtype=bfloat16"])
+    assert report["mesh"] == {"data": 1, "fsdp": 1, "context": 4, "tensor": 1}
+    assert report["mosaic_kernels"] >= 4 and report["temp_bytes"] > 0
 
 
 @pytest.mark.slow

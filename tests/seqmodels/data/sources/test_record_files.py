@@ -46,8 +46,10 @@ def test_heldout_path_replaces_the_hash_split(tmp_path):
     assert list(split.train) == TEXTS[:20] and list(split.heldout) == TEXTS[20:]
     batches = make_eval_batches(DataConfig(source="jsonl", path=train, heldout_path=heldout, seq_len=16),
                                 batch_size=2, max_batches=50)
-    heldout_bytes = sum(len(t.encode()) + 2 for t in TEXTS[20:])  # [BOS] text [EOS]
-    assert sum(int((b["segment_ids"] > 0).sum()) for b in batches) >= heldout_bytes - len(batches) * 2
+    # Every held-out document, [BOS] text [EOS] cut to one row of seq_len + 1 tokens (the held-out sample)
+    heldout_tokens = sum(min(len(t.encode()) + 2, 17) for t in TEXTS[20:])
+    assert sum(int((b["segment_ids"] > 0).sum()) for b in batches) >= heldout_tokens - len(batches) * 2
+    assert {int(d) for b in batches for d in b["documents"][b["documents"] >= 0]} == set(range(len(TEXTS[20:])))
     batch = next(iter(make_train_dataset(DataConfig(source="jsonl", path=train, seq_len=16), batch_size=2)))
     assert batch["inputs"].shape == (2, 16)
 

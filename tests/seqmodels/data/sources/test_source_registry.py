@@ -91,8 +91,16 @@ def test_every_registered_source_is_complete_and_makes_batches_of_the_shared_for
     train = next(iter(make_train_dataset(cfg, batch_size=BATCH)))
     evaluation = make_eval_batches(cfg, batch_size=BATCH, max_batches=1)
     assert len(evaluation) == 1
+    assert set(train) == set(FIELDS)
+    # A corpus's held-out batches (documents of text or of token ids) also say which held-out document each
+    # target token is from.
+    corpus = source.documents is not None or name == "token_ids"
+    assert set(evaluation[0]) == set(FIELDS) | ({"documents"} if corpus else set())
+    if corpus:
+        documents = evaluation[0]["documents"]
+        assert documents.dtype == np.int32 and documents.shape == evaluation[0]["inputs"].shape
+        assert np.array_equal(documents >= 0, evaluation[0]["loss_mask"] > 0)
     for batch in (train, evaluation[0]):
-        assert set(batch) == set(FIELDS)
         assert {batch[f].shape[0] for f in FIELDS} == {BATCH}
         assert len({batch[f].shape for f in FIELDS}) == 1 and batch["inputs"].shape[1] <= SEQ_LEN
         for tokens in (batch["inputs"], batch["targets"]):
