@@ -1,4 +1,4 @@
-"""DeltaNet and Gated DeltaNet in PyTorch, in their recurrent form: the JAX ``seqmodels.mixers.deltanet``.
+"""DeltaNet and Gated DeltaNet in PyTorch: the JAX ``seqmodels.mixers.deltanet``.
 
 Per token t (heads H, key K, value V)::
 
@@ -7,7 +7,8 @@ Per token t (heads H, key K, value V)::
     S_t = e^g (I - beta k k^T) S_{t-1} + beta k v^T;  o = K^-1/2 S_t^T q
     out = W_out(RMSNorm(o) * silu(W_g x))                           (per head over V)
 
-The cache holds the convolutions' last inputs and the state; a fresh (empty) dict starts a row. Padding
+Calls of more than one token run the chunk-parallel WY form (``chunked.chunk_delta_rule``), one decoded token
+the recurrent step (``recurrences.delta_rule_scan``); ``scan_form`` picks (``chunked.ScanForm``). The cache holds the convolutions' last inputs and the state; a fresh (empty) dict starts a row. Padding
 (``positions`` -1) is skipped by the convolutions and leaves the state unchanged.
 """
 
@@ -17,11 +18,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .chunked import ScanForm, chunk_delta_rule
 from .layers import RMSNorm, ShortConv, l2_normalize, real_tokens, step_and_log_decay
 from .recurrences import cached_state, conv_with_cache, delta_rule_scan
 
 
-class DeltaNet(nn.Module):
+class DeltaNet(ScanForm, nn.Module):
     def __init__(self, model: dict, *, gated: bool):
         super().__init__()
         settings, width = model["deltanet"], model["d_model"]
@@ -62,9 +64,12 @@ class DeltaNet(nn.Module):
         return self.out(o.reshape(batch, length, -1)), cache
 
     def recurrence(self, q, k, v, beta, log_decay, cache, valid):
-        """``o [B, T, H, V]`` of ``delta_rule_scan`` from the cached state (``valid [B, T]``: the real tokens)."""
+        """``o [B, T, H, V]`` of the delta rule from the cached state (``valid [B, T]``: the real tokens)."""
         state = cached_state(cache, "state", (q.shape[0], self.heads, self.key_dim, self.value_dim), q.device)
-        o, state = delta_rule_scan(q, k, v, beta, log_decay, state, valid)
+        if self.chunked(q.shape[1]):
+            o, state = chunk_delta_rule(q, k, v, beta, log_decay, state, valid, chunk_size=self.chunk_size)
+        else:
+            o, state = delta_rule_scan(q, k, v, beta, log_decay, state, valid)
         if cache is not None:
             cache["state"] = state
         return o

@@ -1,4 +1,4 @@
-"""Mamba2 (SSD) in PyTorch, in its recurrent form: the JAX ``seqmodels.mixers.mamba2``.
+"""Mamba2 (SSD) in PyTorch: the JAX ``seqmodels.mixers.mamba2``.
 
 Per token t (heads H of P channels, state N; B and C shared by the heads)::
 
@@ -6,7 +6,8 @@ Per token t (heads H of P channels, state N; B and C shared by the heads)::
     h_t = exp(Delta A) h_{t-1} + B (Delta x)^T;  y = h_t^T C + D x
     out = W_out RMSNorm(y * silu(z))    (after_gate, all H P channels)  or  RMSNorm(y) * silu(z) per head
 
-The cache holds the convolutions' last inputs and the state; a fresh (empty) dict starts a row. Padding
+Calls of more than one token run the chunked SSD (``chunked.chunk_gated_linear``, B and C broadcast to the heads),
+one decoded token the recurrent step; ``scan_form`` picks (``chunked.ScanForm``). The cache holds the convolutions' last inputs and the state; a fresh (empty) dict starts a row. Padding
 (``positions`` -1) is skipped by the convolutions and leaves the state unchanged.
 """
 
@@ -16,11 +17,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .chunked import ScanForm, chunk_gated_linear
 from .layers import RMSNorm, ShortConv, real_tokens, step_and_log_decay
 from .recurrences import cached_state, conv_with_cache, keep_real
 
 
-class Mamba2(nn.Module):
+class Mamba2(ScanForm, nn.Module):
     def __init__(self, model: dict):
         super().__init__()
         settings, width = model["mamba2"], model["d_model"]
@@ -67,6 +69,13 @@ class Mamba2(nn.Module):
     def recurrence(self, q, k, v, log_decay, cache, valid):
         """``y [B, T, H, P]``: ``h = e^g h + k v^T; y = h^T q`` per real token (q = C, k = B shared by the heads)."""
         (state,), outputs = self._states(cache, ("state",), q), []
+        if self.chunked(q.shape[1]):
+            shared = (q.shape[0], q.shape[1], self.heads, self.state_dim)
+            y, state = chunk_gated_linear(q[:, :, None].expand(shared), k[:, :, None].expand(shared), v, log_decay,
+                                          state, valid, chunk_size=self.chunk_size, scale=1.0)
+            if cache is not None:
+                cache["state"] = state
+            return y
         for t in range(q.shape[1]):
             new = torch.exp(log_decay[:, t])[..., None, None] * state + k[:, t, None, :, None] * v[:, t, :, None, :]
             state = keep_real(valid, t, new, state)

@@ -7,6 +7,8 @@ Each backbone's injection U_t goes through a momentum of conditioned injections:
 with ns_scope all: one normalisation over every head (mamba2 / longhorn: the shared key, gated_deltanet:
 the block-diagonal injection), head: each head (longhorn: each group) alone. The cache holds the
 backbone's and the momentum's state; a padded step leaves both unchanged (the momentum does not decay).
+Calls of more than one token on the Gated DeltaNet and Mamba2 backbones run the chunk form of both scans
+(``chunked.chunk_momentum``), one decoded token the recurrent step; LongHorn's stays token by token.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import math
 
 import torch
 
+from .chunked import chunk_momentum
 from .deltanet import DeltaNet
 from .longhorn import LongHorn
 from .mamba2 import Mamba2
@@ -54,6 +57,12 @@ class MuonSSMGatedDeltaNet(_Momentum, DeltaNet):
         shape = (q.shape[0], self.heads, self.key_dim, self.value_dim)
         state, momentum = (cached_state(cache, name, shape, q.device) for name in ("state", "momentum"))
         decay_of_momentum, outputs = math.exp(math.log(self.gamma)), []
+        if self.chunked(q.shape[1]):
+            o, state, momentum = chunk_momentum(q, k, w, beta, log_decay, math.log(self.gamma), state, momentum, valid,
+                                                chunk_size=self.chunk_size)
+            if cache is not None:
+                cache.update(state=state, momentum=momentum)
+            return o
         for t in range(q.shape[1]):
             new_momentum = decay_of_momentum * momentum + k[:, t, :, :, None] * w[:, t, :, None, :]
             decayed = torch.exp(log_decay[:, t])[..., None, None] * state
@@ -78,6 +87,14 @@ class MuonSSMMamba2(_Momentum, Mamba2):
             return Mamba2.recurrence(self, q, k, v, log_decay, cache, valid)
         (state, momentum), outputs = self._states(cache, ("state", "momentum"), q), []
         decay_of_momentum = math.exp(math.log(self.gamma))
+        if self.chunked(q.shape[1]):
+            shared = (q.shape[0], q.shape[1], self.heads, self.state_dim)
+            y, state, momentum = chunk_momentum(q[:, :, None].expand(shared), k[:, :, None].expand(shared), v, None,
+                                                log_decay, math.log(self.gamma), state, momentum, valid,
+                                                chunk_size=self.chunk_size, scale=1.0)
+            if cache is not None:
+                cache.update(state=state, momentum=momentum)
+            return y
         for t in range(q.shape[1]):
             new_momentum = decay_of_momentum * momentum + k[:, t, None, :, None] * v[:, t, :, None, :]
             new = torch.exp(log_decay[:, t])[..., None, None] * state + new_momentum

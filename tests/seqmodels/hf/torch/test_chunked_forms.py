@@ -1,0 +1,163 @@
+"""The twins' chunk-parallel forms (``seqmodels.hf.torch.chunked``) equal their token-by-token scans: outputs,
+final states and gradients, at T = 37 over chunks of 16 (not a multiple), from a non-zero state, with a left- and a
+right-padded row; and whole exported models give the recurrent form's logits chunked, and decode on from a
+chunked prefill as from a recurrent one.
+
+Tolerances (float32, max abs): 1e-5 on outputs and states of O(1) and on their gradients; the two forms sum the
+same terms in another order (the triangular solve against forward substitution), so only round-off differs.
+"""
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+from export_parity import BASE_CONFIG, load_torch, random_params, tiny_config
+
+TOLERANCE = 1e-5
+BATCH, LENGTH, HEADS, KEY, VALUE, CHUNK = 2, 37, 3, 8, 5, 16
+CHUNKED_MIXERS = ("deltanet", "gated_deltanet", "mamba2", "muonssm_gated_deltanet", "muonssm_mamba2")
+
+
+def _inputs(seed: int = 0):
+    """Random delta-rule inputs (unit keys, as the mixers feed them), a non-zero state and momentum, and the
+    validity of a left-padded (5) and a right-padded (7) row."""
+    import torch
+    generator = torch.Generator().manual_seed(seed)
+    normal = lambda *shape: torch.randn(*shape, generator=generator)  # noqa: E731
+    keys = torch.nn.functional.normalize(normal(BATCH, LENGTH, HEADS, KEY), dim=-1)
+    valid = torch.ones(BATCH, LENGTH, dtype=torch.bool)
+    valid[0, :5], valid[1, -7:] = False, False
+    return dict(q=normal(BATCH, LENGTH, HEADS, KEY), k=keys, v=normal(BATCH, LENGTH, HEADS, VALUE),
+                beta=torch.rand(BATCH, LENGTH, HEADS, generator=generator),
+                log_decay=-0.5 * torch.rand(BATCH, LENGTH, HEADS, generator=generator),
+                state=normal(BATCH, HEADS, KEY, VALUE), momentum=normal(BATCH, HEADS, KEY, VALUE)), valid
+
+
+def _momentum_scan(q, k, w, beta, log_decay, gamma, state, momentum, valid):
+    """The MuonSSM twins' token-by-token step (``muonssm.py``), beta None for the Mamba2 backbone."""
+    import torch
+
+    from seqmodels.hf.torch.recurrences import keep_real
+    outputs = []
+    for t in range(q.shape[1]):
+        new_momentum = gamma * momentum + k[:, t, :, :, None] * w[:, t, :, None, :]
+        decayed = torch.exp(log_decay[:, t])[..., None, None] * state
+        if beta is not None:
+            predicted = torch.einsum("bhk,bhkv->bhv", k[:, t], decayed)
+            decayed = decayed - beta[:, t, :, None, None] * k[:, t, :, :, None] * predicted[:, :, None, :]
+        state = keep_real(valid, t, decayed + new_momentum, state)
+        momentum = keep_real(valid, t, new_momentum, momentum)
+        outputs.append(q.shape[-1] ** -0.5 * torch.einsum("bhk,bhkv->bhv", q[:, t], state))
+    return torch.stack(outputs, dim=1), state, momentum
+
+
+def _forms(name: str):
+    """``(recurrent, chunked, the inputs they differentiate)``: two functions of the inputs dict -> outputs tuple."""
+    from seqmodels.hf.torch import chunked, recurrences
+    gamma = 0.7
+    if name == "delta_rule":
+        args = ("q", "k", "v", "beta", "log_decay", "state")
+        return (lambda x, valid: recurrences.delta_rule_scan(*(x[a] for a in args), valid),
+                lambda x, valid: chunked.chunk_delta_rule(*(x[a] for a in args), valid, chunk_size=CHUNK), args)
+    if name == "gated_linear":
+        args = ("q", "k", "v", "log_decay", "state")
+        return (lambda x, valid: recurrences.gated_linear_scan(*(x[a] for a in args), valid),
+                lambda x, valid: chunked.chunk_gated_linear(*(x[a] for a in args), valid, chunk_size=CHUNK), args)
+    with_beta = name == "momentum_delta_rule"
+    args = ("q", "k", "v", "beta", "log_decay", "state", "momentum") if with_beta else \
+        ("q", "k", "v", "log_decay", "state", "momentum")
+
+    def unpack(x):
+        return x["q"], x["k"], x["v"], x["beta"] if with_beta else None, x["log_decay"], x["state"], x["momentum"]
+
+    def recurrent(x, valid):
+        q, k, w, beta, log_decay, state, momentum = unpack(x)
+        return _momentum_scan(q, k, w, beta, log_decay, gamma, state, momentum, valid)
+
+    def chunk(x, valid):
+        q, k, w, beta, log_decay, state, momentum = unpack(x)
+        return chunked.chunk_momentum(q, k, w, beta, log_decay, math.log(gamma), state, momentum, valid,
+                                      chunk_size=CHUNK)
+    return recurrent, chunk, args
+
+
+@pytest.mark.parametrize("name", ["delta_rule", "gated_linear", "momentum_delta_rule", "momentum_linear"])
+def test_chunked_matches_recurrent_in_outputs_final_state_and_gradients_on_padded_rows(name):
+    import torch
+    recurrent, chunk, differentiated = _forms(name)
+    inputs, valid = _inputs()
+    results, gradients = [], []
+    for form in (recurrent, chunk):
+        x = {key: value.clone().requires_grad_(key in differentiated) for key, value in inputs.items()}
+        outputs = form(x, valid)
+        weights = [torch.randn(out.shape, generator=torch.Generator().manual_seed(i)) for i, out in enumerate(outputs)]
+        loss = sum((w * out).sum() for w, out in zip(weights, outputs))
+        gradients.append(torch.autograd.grad(loss, [x[key] for key in differentiated]))
+        results.append(outputs)
+    assert float(results[0][0].abs().max()) > 0.1 and float(results[0][1].abs().max()) > 0.1  # O(1), not zeros
+    for a, b in zip(*results):
+        assert float((a - b).abs().max()) < TOLERANCE, float((a - b).abs().max())
+    for key, a, b in zip(differentiated, *gradients):
+        assert float(a.abs().max()) > 1e-3, key  # the gradient reaches every input
+        assert float((a - b).abs().max()) < TOLERANCE, (key, float((a - b).abs().max()))
+
+
+def test_a_padded_step_of_the_chunk_form_leaves_the_state_unchanged():
+    """A row that is all padding keeps its entering state and momentum exactly (decay 1, input 0)."""
+    import torch
+
+    from seqmodels.hf.torch.chunked import chunk_delta_rule, chunk_momentum
+    x, _ = _inputs()
+    valid = torch.zeros(BATCH, LENGTH, dtype=torch.bool)
+    _, state = chunk_delta_rule(x["q"], x["k"], x["v"], x["beta"], x["log_decay"], x["state"], valid, chunk_size=CHUNK)
+    torch.testing.assert_close(state, x["state"], rtol=0, atol=0)
+    _, state, momentum = chunk_momentum(x["q"], x["k"], x["v"], x["beta"], x["log_decay"], math.log(0.7), x["state"],
+                                        x["momentum"], valid, chunk_size=CHUNK)
+    torch.testing.assert_close(state, x["state"], rtol=0, atol=0)
+    torch.testing.assert_close(momentum, x["momentum"], rtol=0, atol=0)
+
+
+def test_chunk_forms_refuse_mismatched_shapes_and_unknown_scan_forms():
+    import torch
+
+    from seqmodels.hf.torch.chunked import chunk_delta_rule, set_scan_form
+    x, _ = _inputs()
+    with pytest.raises(ValueError, match=r"state must be \[B, H, K, V\] = \[2, 3, 8, 5\]"):
+        chunk_delta_rule(x["q"], x["k"], x["v"], x["beta"], x["log_decay"], x["state"][:, :1])
+    with pytest.raises(ValueError, match=r"log_decay must be \[B, T, H\]"):
+        chunk_delta_rule(x["q"], x["k"], x["v"], x["beta"], x["log_decay"][:, :3], x["state"])
+    with pytest.raises(ValueError, match="scan form 'parallel' is not one of auto, chunked, recurrent"):
+        set_scan_form(torch.nn.Linear(2, 2), "parallel")
+
+
+@pytest.mark.parametrize("mixer", CHUNKED_MIXERS)
+def test_an_exported_model_gives_the_recurrent_logits_chunked_and_decodes_on_from_a_chunked_prefill(tmp_path, mixer):
+    """Two layers of the mixer (chunks of 16 over 37 tokens, one row left-padded): chunked logits equal the
+    recurrent ones, and a chunked prefill of 29 tokens then 8 decoded one at a time gives them too."""
+    import torch
+
+    from seqmodels.hf.export import export_model
+    from seqmodels.hf.torch.chunked import set_scan_form
+    from seqmodels.hf.torch.lm import CACHE_FIELD
+    config = dataclasses.replace(tiny_config(BASE_CONFIG), mixers=(mixer, mixer))
+    model = load_torch(export_model(config, random_params(config), tmp_path / "hf"))
+    ids = torch.as_tensor(np.random.default_rng(0).integers(0, config.vocab_size, size=(2, LENGTH)))
+    mask = torch.ones_like(ids)
+    mask[0, :4] = 0
+    with torch.no_grad():
+        assert set_scan_form(model, "recurrent") == 2
+        recurrent = model(ids, attention_mask=mask).logits
+        set_scan_form(model, "auto", chunk_size=CHUNK)
+        chunked = model(ids, attention_mask=mask).logits
+        prefill = 29
+        output = model(ids[:, :prefill], attention_mask=mask[:, :prefill], use_cache=True)
+        steps = [output.logits]
+        for t in range(prefill, LENGTH):
+            output = model(ids[:, t:t + 1], attention_mask=mask[:, :t + 1], use_cache=True,
+                           **{CACHE_FIELD: getattr(output, CACHE_FIELD)})
+            steps.append(output.logits)
+        decoded = torch.cat(steps, dim=1)
+    assert float(recurrent.abs().max()) > 1.0  # the tolerance is absolute on O(1) logits
+    assert float((chunked - recurrent).abs().max()) < TOLERANCE
+    assert float((decoded - recurrent).abs().max()) < TOLERANCE
