@@ -11,7 +11,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from seqmodels.models import generate
+from seqmodels.evaluation.decoding import greedy_continuations
 
 
 def needle_accuracy(model, examples, *, batch_size: int = 32) -> dict:
@@ -22,16 +22,8 @@ def needle_accuracy(model, examples, *, batch_size: int = 32) -> dict:
     answers = np.stack([e.answer for e in examples])
     if prompts.ndim != 2 or answers.ndim != 2:
         raise ValueError("examples must share one prompt length and one answer length")
-    correct = []
-    for start in range(0, len(prompts), batch_size):
-        batch = prompts[start:start + batch_size]
-        rows = len(batch)
-        if rows < batch_size:  # pad with copies so every call has one shape (one compilation)
-            batch = np.concatenate([batch, np.repeat(batch[-1:], batch_size - rows, axis=0)])
-        tokens, _ = generate(model, batch, answers.shape[1])
-        decoded = np.asarray(tokens)[:rows, prompts.shape[1]:]
-        correct.append(np.all(decoded == answers[start:start + rows], axis=1))
-    correct = np.concatenate(correct)
+    decoded = greedy_continuations(model, prompts, answers.shape[1], batch_size)
+    correct = np.all(decoded == answers, axis=1)
     by_depth = defaultdict(list)
     for example, hit in zip(examples, correct):
         by_depth[round(example.depth, 4)].append(bool(hit))

@@ -36,8 +36,8 @@ from seqmodels.data.heldout_sample import sample_order
 from seqmodels.data.ruler_tasks import DEPTH_TASKS, NIAH, TASKS, essay_sentences, ruler_examples
 from seqmodels.data.sources import get_source
 from seqmodels.data.tokenizers import get_tokenizer
+from seqmodels.evaluation.decoding import greedy_continuations
 from seqmodels.evaluation.intervals import bootstrap_interval
-from seqmodels.models import generate
 
 _CONTROL = re.compile(r"[\x00-\x1f]")
 HAYSTACK_TOKENS_PER_LENGTH = 4  # held-out text read for the essay haystack: this many times the longest length
@@ -82,18 +82,6 @@ def haystack_sentences(data_config, seed: int, needed_chars: int) -> list[str]:
     return essay_sentences(texts)
 
 
-def _decode_batch(model, prompts: np.ndarray, max_new_tokens: int, batch_size: int) -> np.ndarray:
-    continuations = []
-    for start in range(0, len(prompts), batch_size):
-        batch = prompts[start:start + batch_size]
-        rows = len(batch)
-        if rows < batch_size:  # pad with copies so every call has one shape (one compilation)
-            batch = np.concatenate([batch, np.repeat(batch[-1:], batch_size - rows, axis=0)])
-        tokens, _ = generate(model, batch, max_new_tokens)
-        continuations.append(np.asarray(tokens)[:rows, prompts.shape[1]:])
-    return np.concatenate(continuations)
-
-
 def _continuation_text(tokenizer, ids: np.ndarray) -> str:
     _, close = tokenizer.document_ids()
     stops = np.flatnonzero(ids == close)
@@ -103,7 +91,7 @@ def _continuation_text(tokenizer, ids: np.ndarray) -> str:
 def evaluate_cell(model, tokenizer, examples, *, batch_size: int, seed: int) -> dict:
     """Score one task at one length: ``{"score", "interval", "examples", "by_depth", "samples"}``."""
     prompts = np.stack([e.prompt for e in examples])
-    continuations = _decode_batch(model, prompts, examples[0].max_new_tokens, batch_size)
+    continuations = greedy_continuations(model, prompts, examples[0].max_new_tokens, batch_size)
     metric = METRICS[examples[0].task]
     texts = [_continuation_text(tokenizer, ids) for ids in continuations]
     scores = np.array([metric(text, e.references) for text, e in zip(texts, examples)])
