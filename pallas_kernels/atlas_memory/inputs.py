@@ -36,6 +36,7 @@ class AtlasSettings:
     ns_dtype: str = "float32"  # operand dtype of the Newton-Schulz matmuls (model.compute_dtype)
     grad_clip: float = 0.0     # tau: per-token inner gradient norm bound (0 = none)
     eta_scales: str = "gradient"  # eta_t multiplies the gradient entering S (gradient) or NS_k(S_t) (update)
+    ns_granularity: str = "token"  # NS_k of every token's momentum (token: the paper) or once per chunk (chunk)
 
     def __post_init__(self):
         for name, low in (("window", 1), ("chunk_size", 1), ("ns_steps", 0)):
@@ -44,6 +45,9 @@ class AtlasSettings:
                 raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
         if self.eta_scales not in ("gradient", "update"):
             raise ValueError(f"eta_scales must be 'gradient' or 'update', got {self.eta_scales!r}")
+        if self.ns_granularity not in ("token", "chunk"):
+            raise ValueError(f"ns_granularity must be 'token' (Newton-Schulz of every token's momentum) or 'chunk' "
+                             f"(once per chunk), got {self.ns_granularity!r}")
         if not self.grad_clip >= 0:
             raise ValueError(f"grad_clip must be >= 0 (0 = no clipping), got {self.grad_clip!r}")
 

@@ -4,6 +4,13 @@
 gradients by ``jax.grad`` of the loss (not the closed form): the state keeps the last c tokens'
 features, values and weights, and every token re-evaluates its whole window's gradients at its own
 base memory (its chunk's start; with chunk size 1 that is ``M_{t-1}``): slow and obviously right.
+
+With ``ns_granularity = "chunk"`` (the rule in the package docstring) the state also holds the
+linearised read memory ``read_memory`` and the pending Newton-Schulz scale ``ns_scale [B, H]`` of
+the current chunk, and ``memory`` is the memory without the chunk's pending update (at a chunk
+boundary: the memory). The chunk grid is that of the state's ``position`` (tokens since
+``init_state``): a decoded stream that starts at a row's first token has the training form's
+grid, and ``NS_k`` runs on the token that ends a chunk (``(position + 1) % b = 0``).
 """
 
 from __future__ import annotations
@@ -28,7 +35,9 @@ def init_state(batch: int, initial_memory: tuple, settings: AtlasSettings) -> di
             "window_keys": jnp.zeros((*window, features), jnp.float32),
             "window_values": jnp.zeros((*window, values), jnp.float32),
             "window_weights": jnp.zeros(window, jnp.float32),
-            "position": jnp.zeros((), jnp.int32)}
+            "position": jnp.zeros((), jnp.int32),
+            **({"read_memory": memory, "ns_scale": jnp.zeros((batch, heads), jnp.float32)}
+               if settings.ns_granularity == "chunk" else {})}
 
 
 def _push(buffer, new, reset):
@@ -68,11 +77,53 @@ def step(state: dict, token: tuple, initial_memory: tuple, settings: AtlasSettin
     momentum = tuple(theta[..., None, None] * s - gradient_scale * g for s, g in zip(momentum, gradient))
     orthogonal = orthogonalize(momentum, layout, steps=settings.ns_steps, coefficients=settings.ns_coefficients,
                                impl=impl, lead_spec=ns_spec, dtype=settings.ns_dtype)
+    if settings.ns_granularity == "chunk":
+        return _chunk_step(state, memory, chunk_memory, momentum, window, phi_q, alpha, eta, reset, settings,
+                           impl=impl, ns_spec=ns_spec, norm_gain=norm_gain)
+    orthogonal = orthogonalize(momentum, layout, steps=settings.ns_steps, coefficients=settings.ns_coefficients,
+                               impl=impl, lead_spec=ns_spec, dtype=settings.ns_dtype)
     update_scale = eta[..., None, None] if on_update else 1.0
     memory = tuple(alpha[..., None, None] * m + update_scale * n for m, n in zip(memory, orthogonal))
     state = {"memory": memory, "chunk_memory": chunk_memory, "momentum": momentum, **window,
              "position": state["position"] + 1}
     return state, memory_apply(memory, phi_q, layout, norm_gain)
+
+
+def _chunk_step(state, memory, chunk_memory, momentum, window, phi_q, alpha, eta, reset, settings, *, impl, ns_spec,
+                norm_gain):
+    """The rest of ``step`` under ``ns_granularity = "chunk"`` (package docstring), literally: the read memory
+    takes the linearised update ``e_t S_t``, the pending scale ``c_t = alpha_t c_{t-1} + e_t``, and the token
+    that ends a chunk settles ``M = M_hat + c NS_k(S)``."""
+    layout = settings.layout
+    reset_heads = reset[..., 0, 0]
+    read = tuple(jnp.where(reset, m, r) for m, r in zip(memory, state["read_memory"]))  # m is M_0 at a reset
+    scale = jnp.where(reset_heads, 0.0, state["ns_scale"])
+    step_scale = eta if settings.eta_scales == "update" else jnp.ones_like(eta)
+    memory = tuple(alpha[..., None, None] * m for m in memory)
+    read = tuple(alpha[..., None, None] * r + step_scale[..., None, None] * s for r, s in zip(read, momentum))
+    scale = alpha * scale + step_scale
+    ends = (state["position"] + 1) % settings.chunk_size == 0
+    orthogonal = jax.lax.cond(ends, lambda: orthogonalize(
+        momentum, layout, steps=settings.ns_steps, coefficients=settings.ns_coefficients, impl=impl,
+        lead_spec=ns_spec, dtype=settings.ns_dtype), lambda: tuple(jnp.zeros_like(s) for s in momentum))
+    settled = tuple(m + scale[..., None, None] * n for m, n in zip(memory, orthogonal))
+    y = memory_apply(read, phi_q, layout, norm_gain)
+    state = {"memory": tuple(jnp.where(ends, s, m) for s, m in zip(settled, memory)), "chunk_memory": chunk_memory,
+             "momentum": momentum, **window, "position": state["position"] + 1,
+             "read_memory": tuple(jnp.where(ends, s, r) for s, r in zip(settled, read)),
+             "ns_scale": jnp.where(ends, 0.0, scale)}
+    return state, y
+
+
+def settled_memory(state: dict, settings: AtlasSettings, *, impl: str, ns_spec: PartitionSpec | None = None) -> tuple:
+    """The memory of ``state`` with the current chunk's pending update applied (``ns_granularity = "chunk"``:
+    ``M_hat + c NS_k(S)``; the state's ``memory`` itself under ``token``, or at a chunk boundary, where c = 0)."""
+    if settings.ns_granularity == "token":
+        return state["memory"]
+    orthogonal = orthogonalize(state["momentum"], settings.layout, steps=settings.ns_steps,
+                               coefficients=settings.ns_coefficients, impl=impl, lead_spec=ns_spec,
+                               dtype=settings.ns_dtype)
+    return tuple(m + state["ns_scale"][..., None, None] * n for m, n in zip(state["memory"], orthogonal))
 
 
 def run_steps(state: dict, inputs: AtlasInputs, initial_memory: tuple, settings: AtlasSettings,
@@ -87,8 +138,9 @@ def run_steps(state: dict, inputs: AtlasInputs, initial_memory: tuple, settings:
 
 def reference(inputs: AtlasInputs, initial_memory: tuple, settings: AtlasSettings) -> tuple[jax.Array, tuple]:
     """``(y [B, T, H, V], M_T)`` token by token, Newton–Schulz by its reference implementation; ``M_T`` the
-    memory after the last token, one ``[B, H, m, n]`` per weight matrix."""
+    memory after the last token, one ``[B, H, m, n]`` per weight matrix (under ``ns_granularity = "chunk"``
+    with a last chunk that ends early settled there: ``settled_memory``)."""
     starts, valid = document_flags(inputs.segment_ids)
     state = init_state(inputs.segment_ids.shape[0], initial_memory, settings)
     state, y = run_steps(state, inputs, initial_memory, settings, starts, valid, impl="reference")
-    return y, state["memory"]
+    return y, settled_memory(state, settings, impl="reference")

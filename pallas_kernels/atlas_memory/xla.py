@@ -57,9 +57,14 @@ def chunked(inputs: AtlasInputs, initial_memory: tuple, settings: AtlasSettings,
     gamma = inputs.gamma * valid[..., None]
     # Padding after the row keeps the memory (alpha 1; eta and gamma 0 add nothing), so the carry
     # after the last chunk is the memory after the row's last position.
-    alpha = jnp.pad(inputs.alpha, [(0, 0), (0, -length % settings.chunk_size), (0, 0)], constant_values=1.0)
-    per_token = (inputs.phi_k, inputs.values, inputs.phi_q, alpha, inputs.theta, inputs.eta, gamma,
-                 starts, document)
+    # Under ns_granularity = "chunk" theta is 1 there too (the momentum, settled at the chunk's end, is the
+    # last position's) and the pending Newton-Schulz scale takes nothing from a padded position.
+    padding = [(0, 0), (0, -length % settings.chunk_size), (0, 0)]
+    alpha = jnp.pad(inputs.alpha, padding, constant_values=1.0)
+    theta = inputs.theta if settings.ns_granularity == "token" else jnp.pad(inputs.theta, padding, constant_values=1.0)
+    inside = jnp.ones(inputs.eta.shape, jnp.float32)
+    per_token = (inputs.phi_k, inputs.values, inputs.phi_q, alpha, theta, inputs.eta, gamma,
+                 starts, document, inside)
     num_chunks = -(-length // size)
 
     def to_chunks(x):  # [B, T, ...] -> [N, B, b, ...]: chunk-major for the scan
@@ -133,7 +138,7 @@ def _scan(decay, update, initial, impl, spec):
 def _chunk(carry, chunk, *, initial_memory, settings: AtlasSettings, impl: str, specs, gain):
     memory, momentum, *window_carry = carry
     layout, (scan_spec, ns_spec) = settings.layout, specs
-    phi_k, values, phi_q, alpha, theta, eta, gamma, starts, document = chunk
+    phi_k, values, phi_q, alpha, theta, eta, gamma, starts, document, inside = chunk
     fresh = jnp.cumsum(starts, axis=1) > 0  # the token's document started inside this chunk
     carried_fresh = jnp.zeros(window_carry[-1].shape, bool)  # carried tokens' documents started earlier
     window = tuple(jnp.concatenate(pair, axis=1) for pair in
@@ -146,6 +151,9 @@ def _chunk(carry, chunk, *, initial_memory, settings: AtlasSettings, impl: str, 
     on_update = settings.eta_scales == "update"
     gradient_scale = -1.0 if on_update else -eta[..., None]
     momenta = _scan(theta * keep[..., None], gradient_scale * sums, momentum, impl, scan_spec)
+    if settings.ns_granularity == "chunk":
+        return _chunk_granularity(memory, momenta, window_carry, phi_q, alpha, eta, starts, keep, inside,
+                                  initial_memory, settings, impl, specs, gain)
     orthogonal = orthogonalize(unpack(momenta, layout), layout, steps=settings.ns_steps,
                                coefficients=settings.ns_coefficients, impl=impl,
                                lead_spec=ns_spec, dtype=settings.ns_dtype)
@@ -154,3 +162,31 @@ def _chunk(carry, chunk, *, initial_memory, settings: AtlasSettings, impl: str, 
     memories = _scan(alpha * keep[..., None], update + reset, memory, impl, scan_spec)
     outputs = memory_apply(unpack(memories, layout), phi_q, layout, gain)
     return (memories[:, -1], momenta[:, -1], *window_carry), outputs
+
+
+def _chunk_granularity(memory, momenta, window_carry, phi_q, alpha, eta, starts, keep, inside, initial_memory,
+                       settings: AtlasSettings, impl, specs, gain):
+    """Steps 4-6 under ``ns_granularity = "chunk"`` (package docstring): the reads through the linearised
+    memory ``M~_t = a_t M~_{t-1} + e_t S_t + [start_t] alpha_t M_0`` (a ``linear_scan`` from the chunk-start
+    memory), then one ``NS_k(S_end)`` settling the chunk's end:
+    ``M_end = A_end M_s + m0_end M_0 + c_end NS_k(S_end)`` with the scalar coefficients scanned alike."""
+    layout, (scan_spec, ns_spec) = settings.layout, specs
+    decay = alpha * keep[..., None]  # a_t [B, b, H]
+    step_scale = (eta if settings.eta_scales == "update" else jnp.ones_like(eta)) * inside  # e_t
+    initial_packed = pack(initial_memory, 1)
+    reset_scale = alpha * starts[..., None]  # [start_t] alpha_t
+    reads = _scan(decay, step_scale[..., None] * momenta + reset_scale[..., None] * initial_packed, memory,
+                  impl, scan_spec)
+    outputs = memory_apply(unpack(reads, layout), phi_q, layout, gain)
+    # [B, b, H, 3]: the chunk-start memory's product of decays, the M_0 coefficient and the pending scale c_t.
+    coefficients = _scan(decay, jnp.stack([jnp.zeros_like(alpha), reset_scale, step_scale], axis=-1),
+                         jnp.stack([jnp.ones_like(alpha[:, 0]), jnp.zeros_like(alpha[:, 0]),
+                                    jnp.zeros_like(alpha[:, 0])], axis=-1), impl, scan_spec)[:, -1]
+    end = momenta[:, -1]
+    orthogonal = pack(orthogonalize(unpack(end, layout), layout, steps=settings.ns_steps,
+                                    coefficients=settings.ns_coefficients, impl=impl,
+                                    lead_spec=None if ns_spec is None else PartitionSpec(ns_spec[0], ns_spec[2]),
+                                    dtype=settings.ns_dtype), 2)
+    settled = (coefficients[..., 0:1] * memory + coefficients[..., 1:2] * initial_packed
+               + coefficients[..., 2:3] * orthogonal)
+    return (settled, end, *window_carry), outputs

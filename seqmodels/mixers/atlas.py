@@ -130,6 +130,11 @@ class AtlasConfig:
         "Muon's learning rate) | gradient (S_t = theta S - eta G, M_t = alpha M + NS_k(S_t): Titans' momentum, "
         "where NS_k, scale-invariant, erases eta once ns_steps > 0) | auto: update when ns_steps > 0, else gradient "
         "(Titans' rule, the same memory as update for ns_steps = 0 up to where eta_t is applied)", "auto")
+    ns_granularity: Literal["token", "chunk"] = describe(
+        "where Newton-Schulz runs: token (NS_k of every token's momentum, M_t = alpha M_{t-1} + eta NS_k(S_t): the "
+        "paper's Eq. 32) | chunk (a departure: NS_k once per chunk of the momentum at the chunk's end, "
+        "M <- A M + c NS_k(S_end); the chunk's tokens read the chunk-start memory plus the linearised updates "
+        "eta S_t that precede them, TTT's dual form; b-times fewer Newton-Schulz FLOPs)", "token")
     grad_clip: float = describe(
         "tau: each token's inner gradient is scaled to norm <= tau before the window sum (0 = off). Bounds every "
         "memory update, so a chunk whose gradients overshoot (all taken at the chunk start) cannot blow up", 0.0)
@@ -211,7 +216,7 @@ def atlas_settings(config: ModelConfigBase) -> AtlasSettings:
     atlas = config.atlas
     return AtlasSettings(memory_layout(config), window=atlas.window, chunk_size=atlas.chunk_size,
                          ns_steps=atlas.ns_steps, ns_coefficients=atlas.ns_coefficients, ns_dtype=config.compute_dtype,
-                         grad_clip=atlas.grad_clip, eta_scales=atlas.eta_rule)
+                         grad_clip=atlas.grad_clip, eta_scales=atlas.eta_rule, ns_granularity=atlas.ns_granularity)
 
 
 def _unit(x: jax.Array) -> jax.Array:

@@ -14,6 +14,7 @@ from pallas_kernels import newton_schulz
 from pallas_kernels.atlas_memory import (AtlasInputs, AtlasSettings, MemoryLayout, atlas_memory, atlas_memory_step,
                                          init_state, memory_apply, memory_loss)
 from pallas_kernels.atlas_memory import xla as atlas_xla
+from pallas_kernels.atlas_memory.reference import settled_memory
 from pallas_kernels.atlas_memory.memory import gradient_factors, orthogonalize
 from pallas_kernels.newton_schulz.coefficients import resolve_coefficients
 from seqmodels.mixers.atlas import feature_dim, feature_map, initial_coefficients
@@ -477,3 +478,101 @@ def test_bf16_newton_schulz_matches_the_reference_in_bf16(case):
 def _relative_error(actual, expected):
     actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
     return np.linalg.norm(actual - expected) / max(np.linalg.norm(expected), 1e-12)
+
+
+# ns_granularity = "chunk": one Newton-Schulz per chunk, the reads through the linearised memory.
+CHUNK_CASES = {
+    # deep memory, window 3 across chunks of 4 (ragged: the last chunk holds 2 tokens), eta on the update
+    "deep-c3-b4-k5-update": (True, 2, AtlasSettings(None, window=3, chunk_size=4, ns_steps=5, eta_scales="update",
+                                                    ns_granularity="chunk")),
+    # linear memory, window 6 > chunk 4, eta on the gradient (the settled scale counts the chunk's tokens)
+    "linear-c6-b4-k5-gradient": (False, 2, AtlasSettings(None, window=6, chunk_size=4, ns_steps=5,
+                                                         ns_granularity="chunk")),
+    # deep memory, Polar Express, window 2 over chunks of 3 (the last chunk holds 1 token), clipped
+    "deep-c2-b3-k5-polar-clip": (True, 1, AtlasSettings(None, window=2, chunk_size=3, ns_steps=5,
+                                                        ns_coefficients="polar_express", eta_scales="update",
+                                                        grad_clip=0.5, ns_granularity="chunk")),
+    # linear memory, one chunk of 16 over the whole ragged row (every document starts inside it)
+    "linear-c2-b16-k5-update": (False, 1, AtlasSettings(None, window=2, chunk_size=16, ns_steps=5,
+                                                        eta_scales="update", ns_granularity="chunk")),
+}
+
+
+def chunk_settings_for(name):
+    deep, degree, settings = CHUNK_CASES[name]
+    inputs, initial, layout = make_case(deep, degree, seed=1)
+    return inputs, initial, dataclasses.replace(settings, layout=layout)
+
+
+@functools.cache
+def value_and_grads_with_memory(impl, settings: AtlasSettings):
+    """jit of the outputs, the final memory and the gradients of ``sum(y w) + sum_j sum(M_T,j w_j)``."""
+    def objective(floats, initial, segment_ids, weights, memory_weights):
+        y, memory = atlas_memory(AtlasInputs(*floats, segment_ids), initial, settings, impl=impl, return_memory=True)
+        loss = jnp.sum(y * weights) + sum(jnp.sum(m * w) for m, w in zip(memory, memory_weights))
+        return loss, (y, memory)
+    return jax.jit(jax.value_and_grad(objective, argnums=(0, 1), has_aux=True))
+
+
+def evaluate_with_memory(impl, inputs, initial, settings):
+    weights = jax.random.normal(jax.random.key(7), inputs.values.shape)
+    memory_weights = tuple(jax.random.normal(jax.random.key(8 + i), (BATCH, *w.shape)) for i, w in enumerate(initial))
+    (_, (y, memory)), grads = value_and_grads_with_memory(impl, settings)(
+        tuple(inputs[:7]), initial, inputs.segment_ids, weights, memory_weights)
+    return y, memory, grads
+
+
+@pytest.mark.parametrize("case", sorted(CHUNK_CASES))
+def test_chunk_granularity_chunked_form_matches_its_token_by_token_reference(case):
+    inputs, initial, settings = chunk_settings_for(case)
+    y, memory, grads = evaluate_with_memory("xla", inputs, initial, settings)
+    y_ref, memory_ref, grads_ref = evaluate_with_memory("reference", inputs, initial, settings)
+    tolerance = scale_tolerance(settings)
+    assert np.abs(np.asarray(y_ref)).max() > 0.1
+    np.testing.assert_allclose(y, y_ref, atol=tolerance * np.abs(y_ref).max(), rtol=0)
+    for got, want in zip(memory, memory_ref):
+        np.testing.assert_allclose(got, want, atol=tolerance * np.abs(want).max(), rtol=0)
+    for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(grads_ref)):
+        np.testing.assert_allclose(got, want, atol=tolerance * max(float(np.abs(want).max()), 1e-6), rtol=0)
+    assert float(np.abs(grads_ref[1][0]).max()) > 0  # gradients reach the initial memory
+
+
+def test_chunk_granularity_with_chunk_size_one_keeps_the_token_rule_memory_and_differs_from_it_beyond():
+    # b = 1: every token settles its chunk, M_t = alpha_t M_{t-1} + eta_t NS_k(S_t), the token rule's memory
+    # (its read is the linearised M_{t-1} + eta_t S_t, not the token rule's).
+    inputs, initial, settings = chunk_settings_for("deep-c3-b4-k5-update")
+    token = dataclasses.replace(settings, ns_granularity="token")
+    one = functools.partial(atlas_memory, impl="xla", return_memory=True)
+    _, m_chunk = one(inputs, initial, dataclasses.replace(settings, chunk_size=1))
+    _, m_token = one(inputs, initial, dataclasses.replace(token, chunk_size=1))
+    tolerance = scale_tolerance(settings)
+    for got, want in zip(m_chunk, m_token):
+        np.testing.assert_allclose(got, want, atol=tolerance * float(np.abs(want).max()), rtol=0)
+    y_chunk4, y_token4 = one(inputs, initial, settings)[0], one(inputs, initial, token)[0]
+    assert float(np.abs(y_chunk4 - y_token4).max()) > 1e-2  # b = 4: a different rule
+
+
+@pytest.mark.parametrize("split", [5, 8])  # mid-chunk, and at a chunk boundary (b = 4)
+def test_chunk_granularity_decoding_from_the_state_equals_the_training_form(split):
+    inputs, initial, settings = chunk_settings_for("deep-c3-b4-k5-update")
+    one_document = inputs._replace(segment_ids=jnp.ones_like(inputs.segment_ids))
+    state = init_state(BATCH, initial, settings)
+    outputs = []
+    for part in (slice(0, split), slice(split, None)):
+        state, y = atlas_memory_step(state, jax.tree.map(lambda x, part=part: x[:, part], one_document), initial,
+                                     settings, impl="xla")
+        outputs.append(y)
+    expected, memory = atlas_memory(one_document, initial, settings, impl="xla", return_memory=True)
+    tolerance = scale_tolerance(settings)
+    np.testing.assert_allclose(jnp.concatenate(outputs, axis=1), expected, atol=tolerance, rtol=tolerance)
+    assert int(state["position"]) == LENGTH and state["ns_scale"].shape == (BATCH, HEADS)
+    # LENGTH 10 = two chunks and 2 tokens: the state's memory waits for its chunk end; settled, it is M_T.
+    settled = settled_memory(state, settings, impl="xla")
+    for got, want in zip(settled, memory):
+        np.testing.assert_allclose(got, want, atol=tolerance * float(np.abs(want).max()), rtol=0)
+    assert float(np.abs(state["memory"][0] - memory[0]).max()) > 1e-3
+
+
+def test_bad_ns_granularity_is_rejected():
+    with pytest.raises(ValueError, match="ns_granularity must be 'token' .* or 'chunk'"):
+        AtlasSettings(MemoryLayout(4, 4), window=1, chunk_size=4, ns_steps=1, ns_granularity="row")
