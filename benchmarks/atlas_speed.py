@@ -3,7 +3,7 @@
     python benchmarks/atlas_speed.py       # on a GPU -> benchmarks/results/atlas_speed.json
     python benchmarks/atlas_speed.py --small --out scratch/atlas_speed.json        # CPU smoke run, tiny models
     XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1" \
-        python benchmarks/atlas_speed.py --cpu --models atlas,gated_deltanet --out scratch/atlas_cpu.json
+        python benchmarks/atlas_speed.py --cpu --models atlas,atlas_chunk,gated_deltanet --out scratch/atlas_cpu.json
 
 Every model is ``configs/<name>.yaml`` reshaped to the same ~125M shape (12 layers of
 d_model 768, 12 heads, SwiGLU MLPs, a 50,304-row embedding tied to the head, bf16 compute),
@@ -12,7 +12,9 @@ trained by the project's own jitted train step (AdamW) on random tokens ``[batch
 4 heads, T = 256, batch 2, float32, the byte-level vocabulary: the CPU speed target). For
 each: parameters, median step time over ``--iters`` steps after ``--warmup``, training tokens/s
 and the peak device memory (where the backend reports it); ``speed_vs_transformer`` and
-``speed_vs_gated_deltanet``: tokens/s over that model's in the same run. Models whose mixer is not registered
+``speed_vs_gated_deltanet``: tokens/s over that model's in the same run (``cpu_speed_vs_*``: the same
+from the process CPU seconds of a step, every thread counted). ``atlas_chunk`` is Atlas with
+``model.atlas.ns_granularity=chunk`` (``VARIANTS``). Models whose mixer is not registered
 in this build (e.g. ``gated_deltanet`` before the recurrent mixers land) are listed as skipped.
 
 Share of time in Newton–Schulz, measured two ways in the same run:
@@ -50,13 +52,17 @@ from seqmodels.training.step import make_train_step
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 MODELS = ("atlas", "gated_deltanet", "transformer")
+# Variants measured by name: (the config they start from, their overrides).
+VARIANTS = {"atlas_chunk": ("atlas", ("model.atlas.ns_granularity=chunk",))}
 FULL = {"d_model": 768, "heads": 12, "layers": 12, "vocab": 50304, "seq_len": 4096, "batch": 2, "dtype": "bfloat16"}
 SMALL = {"d_model": 64, "heads": 2, "layers": 2, "vocab": 512, "seq_len": 64, "batch": 2, "dtype": "float32"}
 CPU = {"d_model": 128, "heads": 4, "layers": 2, "vocab": 320, "seq_len": 256, "batch": 2, "dtype": "float32"}
 
 
 def model_config(name: str, shape: dict, extra=()):
-    """``configs/<name>.yaml`` at the benchmark shape."""
+    """``configs/<name>.yaml`` (or a ``VARIANTS`` entry's config and overrides) at the benchmark shape."""
+    name, variant = VARIANTS.get(name, (name, ()))
+    extra = (*variant, *extra)
     base = load_config(ROOT / "configs" / f"{name}.yaml")
     overrides = [f"model.mixers=[{base.model.mixers[0]}] * {shape['layers']}", f"model.d_model={shape['d_model']}",
                  f"model.num_heads={shape['heads']}", f"model.vocab_size={shape['vocab']}",
@@ -65,15 +71,21 @@ def model_config(name: str, shape: dict, extra=()):
     return load_config(ROOT / "configs" / f"{name}.yaml", overrides)
 
 
-def _median_seconds(fn, warmup: int, iters: int) -> float:
+def _median_times(fn, warmup: int, iters: int) -> tuple[float, float]:
+    """Median wall seconds and median process CPU seconds (all threads) of one call of ``fn``."""
     for _ in range(warmup):
         jax.block_until_ready(fn())
-    times = []
+    times, cpu_times = [], []
     for _ in range(iters):
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         jax.block_until_ready(fn())
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        cpu_times.append(time.process_time() - cpu_start)
+    return statistics.median(times), statistics.median(cpu_times)
+
+
+def _median_seconds(fn, warmup: int, iters: int) -> float:
+    return _median_times(fn, warmup, iters)[0]
 
 
 def _peak_memory_bytes():
@@ -101,9 +113,10 @@ def time_training(config, shape: dict, warmup: int, iters: int) -> dict:
             holder["state"], metrics = step(holder["state"], batch)
             return metrics["loss"]
 
-        seconds = _median_seconds(run, warmup, iters)
+        seconds, cpu_seconds = _median_times(run, warmup, iters)
     tokens_per_step = shape["batch"] * shape["seq_len"]
     return {"params": params, "step_seconds": seconds, "tokens_per_second": tokens_per_step / seconds,
+            "step_cpu_seconds": cpu_seconds, "tokens_per_cpu_second": tokens_per_step / cpu_seconds,
             "peak_memory_bytes": _peak_memory_bytes()}
 
 
@@ -130,7 +143,7 @@ def time_newton_schulz(config, shape: dict, warmup: int, iters: int) -> float:
 
 
 def measure(name: str, shape: dict, args) -> dict:
-    path = ROOT / "configs" / f"{name}.yaml"
+    path = ROOT / "configs" / f"{VARIANTS.get(name, (name,))[0]}.yaml"
     if not path.is_file():
         return {"skipped": f"configs/{name}.yaml is not in this build"}
     base = load_config(path)
@@ -177,6 +190,10 @@ def main(argv=None) -> int:
         for result in report["models"].values():
             if reference and "tokens_per_second" in result:
                 result[f"speed_vs_{baseline}"] = result["tokens_per_second"] / reference
+        cpu_reference = report["models"].get(baseline, {}).get("tokens_per_cpu_second")
+        for result in report["models"].values():
+            if cpu_reference and "tokens_per_cpu_second" in result:
+                result[f"cpu_speed_vs_{baseline}"] = result["tokens_per_cpu_second"] / cpu_reference
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2, default=str))

@@ -28,6 +28,27 @@ of the memory's weight matrices; ``tau = grad_clip``, 0 for no clipping. With ``
 document that starts mid-row shares its first chunk with the previous document's tail (but not
 its state).
 
+Newton-Schulz per chunk (``settings.ns_granularity = "chunk"``; ``"token"``, the default, is the rule
+above, the paper's Eq. 32). A departure from the paper, to run ``NS_k`` once per chunk instead of
+once per token. ``G_t``, ``S_t`` and ``base(t)`` are as above; with ``e_t = eta_t`` (``update``) or 1
+(``gradient``), ``a_t = alpha_t`` (0 at a document start) and, per chunk ``[s, e]``:
+
+    M~_t  = a_t M~_{t-1} + e_t S_t + [start_t] alpha_t M_0,   M~_{s-1} = M_{s-1}   the read memory
+    Mh_t  = a_t Mh_{t-1} + [start_t] alpha_t M_0,             Mh_{s-1} = M_{s-1}   without the updates
+    c_t   = a_t c_{t-1} + e_t,                                c_{s-1} = 0
+    y_t   = M~_t(phi(q_t))
+    M_e   = Mh_e + c_e NS_k(S_e)                                                   once per chunk
+
+So a token reads the chunk-start memory plus the updates of the chunk's tokens up to itself with
+``NS_k`` linearised to the identity (TTT's dual form, Sun et al. 2024: inside a mini-batch every
+token sees the mini-batch-start weights plus the plain gradient steps before it), and the memory
+carried to the next chunk is the token rule's with every ``NS_k(S_t)`` of the chunk replaced by
+``NS_k(S_e)``. With ``b = 1`` that memory is the token rule's. A row's last chunk, ended early, is
+settled at its last position (``M_T``). Decoding (``reference.step``) keeps ``Mh`` as ``memory``,
+``M~`` as ``read_memory`` and ``c`` as ``ns_scale``, on the chunk grid of the state's ``position``;
+``reference.settled_memory`` applies a pending chunk. The ``xla`` form scans ``M~`` per token (a
+``linear_scan``) rather than reading it through masked ``[b, b]`` matmuls of the gradient factors.
+
 Forms (``impl``): ``reference`` (``reference.py``: ``step`` scanned over the row, gradients by
 ``jax.grad`` and Newton-Schulz by its reference: slow and obviously right), ``xla`` (``xla.py``: the
 chunk-parallel form around ``linear_scan`` and ``newton_schulz``, whose own ``impl`` is the same

@@ -113,12 +113,18 @@ def torch_tensor_rules(config: ModelConfig) -> list[TensorRule]:
 
 
 def check_exportable(config: ModelConfig) -> None:
-    """``HFFormatError`` unless every mixer of ``config`` has a PyTorch twin (``seqmodels.hf.torch.mixers``)."""
+    """``HFFormatError`` unless every mixer of ``config`` has a PyTorch twin (``seqmodels.hf.torch.mixers``) that
+    runs its settings (not ``model.atlas.ns_granularity=chunk``)."""
     from seqmodels.hf.torch.mixers import MIXERS
     for name in config.mixers_in_use:
         if name not in MIXERS:
             raise HFFormatError(f"mixer {name!r} has no PyTorch module in seqmodels/hf/torch; exported mixers: "
                                 f"{', '.join(sorted(MIXERS))}")
+    from seqmodels.mixers.registry import sections_used_by
+    if "atlas" in sections_used_by(config.mixers_in_use) and config.atlas.ns_granularity != "token":
+        raise HFFormatError(f"model.atlas.ns_granularity={config.atlas.ns_granularity!r} has no PyTorch form: "
+                            "seqmodels/hf/torch/atlas.py runs the token rule (Newton-Schulz of every token's "
+                            "momentum) only; export a model trained with model.atlas.ns_granularity=token")
 
 
 def hf_config_from_model(config: ModelConfig, *, torch_dtype: str, token_ids: dict | None = None) -> dict:

@@ -30,6 +30,22 @@ how the gradients are taken in chunks of ``b`` tokens (at the memory of the chun
 window and the state stop at document boundaries, and how training (chunk-parallel) and decoding
 (token by token) compute it: the op ``pallas_kernels.atlas_memory`` (``impl=model.kernel_impl``).
 
+Newton-Schulz per chunk (``model.atlas.ns_granularity``, default ``token``: the paper's Eq. 32, NS_k of
+every token's momentum, 97-99% of the FLOPs). ``chunk`` is a departure from the paper: per chunk of
+b tokens (start memory ``M_s``, the window gradients and the momentum ``S_t`` as above), the tokens
+read a linearised memory, the chunk-start memory plus the chunk's preceding and own updates with
+``NS_k`` replaced by the identity, as TTT's dual form (Sun et al. 2024) reads its inner model:
+
+    M~_t = alpha_t M~_{t-1} + eta_t S_t      M~_{s-1} = M_s          y_t = M~_t(phi(q_t))
+    at the chunk's end e:  M_e = (prod_{t in chunk} alpha_t) M_s + c_e NS_k(S_e),   c_t = alpha_t c_{t-1} + eta_t
+
+(``gradient``: ``eta_t`` -> 1 in both). That is the token rule's memory with every ``NS_k(S_t)`` of the
+chunk replaced by the one of its last momentum: one Newton-Schulz per chunk, b times fewer of its
+FLOPs, the reason for the departure. With ``b = 1`` the memory is the token rule's (the read is not:
+it takes ``eta_t S_t`` for ``eta_t NS_k(S_t)``). Decoding follows the same chunk grid over the
+decoded stream: the cache keeps the position, the linearised read memory and the pending scale
+``c``, and the token at a chunk's end runs ``NS_k``. Exact form: ``pallas_kernels.atlas_memory``.
+
 Special cases (``model.atlas``): **Titans** is ``window = 1, poly_degree = 1, ns_steps = 0``
 (``configs/titans.yaml``); **OmegaNet** is ``ns_steps = 0`` with ``window > 1``.
 
@@ -67,7 +83,8 @@ matrices (``F D`` linear; ``F E + E D`` deep):
                + (1 + [c > 1] 2) P (b + c - 1) / b     window sum: the rank-1 gradients as matrices,
                                              then a running sum (the entering term added, the leaving one
                                              subtracted)
-               + k NS(F, D)  or  k (NS(F, E) + NS(E, D))    Newton-Schulz (deep: W1 and W2, each at its shape)
+               + k NS(F, D)  or  k (NS(F, E) + NS(E, D))    Newton-Schulz (deep: W1 and W2, each at its shape);
+                                             divided by b under ns_granularity = chunk (once per chunk)
                + 2 P                         read-out
                + [norm] 20 D (b + c - 1) / b + 8 D    LayerNorm forward and backward (~10 D) at both
                                              base memories, LayerNorm of the read-out
@@ -331,7 +348,8 @@ def memory_flops_per_token(settings: AtlasSettings) -> float:
     window = (1 + (2 if settings.window > 1 else 0)) * size * evaluated
     ns = sum(newton_schulz_step_flops(m, n) for m, n in layout.shapes)
     norm = 20 * layout.value_dim * evaluated + 8 * layout.value_dim if layout.norm else 0
-    return inner + window + settings.ns_steps * ns + 2 * size + norm
+    per_chunk = settings.chunk_size if settings.ns_granularity == "chunk" else 1  # chunk: NS_k(S_end) only
+    return inner + window + settings.ns_steps * ns / per_chunk + 2 * size + norm
 
 
 def atlas_flops(config: ModelConfigBase, seq_len: int) -> float:

@@ -50,6 +50,7 @@ def test_polynomial_features_follow_the_documented_layout():
     ("model.atlas.gamma_range=[0.5]", r"model.atlas.gamma_range: must be \[low, high\]"),
     ("model.atlas.poly_key_dim=64", "model.atlas.poly_key_dim: 64 exceeds the head dimension"),
     ("model.atlas.ns_coefficients=newton", "model.atlas.ns_coefficients: must be muon or polar_express"),
+    ("model.atlas.ns_granularity=row", "model.atlas.ns_granularity: must be token or chunk, got .row."),
 ])
 def test_bad_atlas_settings_are_rejected_at_config_load_naming_the_field(override, message):
     with pytest.raises(ConfigError, match=message):
@@ -181,3 +182,55 @@ def test_memory_norm_flops_add_the_documented_layer_norm_term():
     expected = 2 * (20 * dim * (8 + 3 - 1) / 8 + 8 * dim)  # two heads
     difference = mixer_flops_per_token("atlas", normed, 128) - mixer_flops_per_token("atlas", plain, 128)
     assert difference == pytest.approx(expected)
+
+
+def test_ns_granularity_is_listed_by_help_config_and_reaches_the_op():
+    from seqmodels.config_io import help_text
+    from seqmodels.mixers.atlas import atlas_settings
+    lines = {line.split(" = ")[0]: line for line in help_text().splitlines()}
+    assert lines["model.atlas.ns_granularity"].endswith("(one of: token | chunk)")
+    assert "departure" in lines["model.atlas.ns_granularity"]
+    config = load_config(None, ["model.mixers=[atlas]", "model.atlas.ns_granularity=chunk"]).model
+    assert atlas_settings(config).ns_granularity == "chunk"
+    assert load_config(None, ["model.mixers=[atlas]"]).model.atlas.ns_granularity == "token"
+
+
+def test_chunk_granularity_flops_count_newton_schulz_once_per_chunk():
+    atlas = AtlasConfig(window=3, chunk_size=8, poly_key_dim=4, ns_steps=5, memory_depth=2, memory_expansion=2)
+    token = ModelConfig(d_model=64, num_heads=2, mixers=("atlas",), atlas=atlas)
+    chunk = dataclasses.replace(token, atlas=dataclasses.replace(atlas, ns_granularity="chunk"))
+    features, hidden, dim = 48, 64, 32
+    ns_step = (4 * features**2 * hidden + 2 * features**3) + (4 * dim**2 * hidden + 2 * dim**3)
+    saved = 2 * 5 * ns_step * (1 - 1 / 8)  # two heads, five steps, seven of every eight chunk tokens
+    difference = mixer_flops_per_token("atlas", token, 128) - mixer_flops_per_token("atlas", chunk, 128)
+    assert difference == pytest.approx(saved)
+
+
+@pytest.mark.slow
+def test_generate_with_chunk_granularity_matches_the_training_form():
+    # Chunks of 4: the 6-token prefill ends mid-chunk and decoding crosses two chunk ends (NS_k there).
+    config = ModelConfig(d_model=32, num_heads=2, mixers=("atlas", "atlas_mal"), max_seq_len=32, kernel_impl="xla",
+                         swa=SlidingWindowConfig(window=5, num_sinks=1),
+                         atlas=AtlasConfig(window=3, chunk_size=4, poly_key_dim=4, ns_steps=5,
+                                           ns_granularity="chunk"))
+    model = build_model(config, seed=1)
+    prompt = jax.random.randint(jax.random.key(0), (2, 6), 0, config.vocab_size)
+    tokens, logits = generate(model, prompt, 8)
+    full, _ = model(tokens[:, :-1])
+    np.testing.assert_allclose(logits, full, atol=1e-4, rtol=0)  # float32 through 5 NS steps per chunk
+    token_config = dataclasses.replace(config, atlas=dataclasses.replace(config.atlas, ns_granularity="token"))
+    token_full, _ = build_model(token_config, seed=1)(tokens[:, :-1])
+    assert float(jnp.abs(token_full - full).max()) > 1e-3  # the granularity changes the model
+
+
+def test_export_refuses_chunk_granularity_naming_the_key(tmp_path):
+    from seqmodels.errors import HFFormatError
+    from seqmodels.hf.export import export_model
+    from flax import nnx
+    config = ModelConfig(d_model=32, num_heads=2, mixers=("atlas",), max_seq_len=32, vocab_size=64,
+                         atlas=AtlasConfig(window=2, chunk_size=4, poly_key_dim=4, ns_steps=1, memory_depth=1,
+                                           ns_granularity="chunk"))
+    params = nnx.to_pure_dict(nnx.state(build_model(config, seed=0), nnx.Param))
+    with pytest.raises(HFFormatError, match="model.atlas.ns_granularity='chunk' has no PyTorch form"):
+        export_model(config, params, tmp_path / "out")
+    assert not (tmp_path / "out" / "config.json").exists()
