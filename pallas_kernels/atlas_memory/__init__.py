@@ -46,8 +46,9 @@ carried to the next chunk is the token rule's with every ``NS_k(S_t)`` of the ch
 ``NS_k(S_e)``. With ``b = 1`` that memory is the token rule's. A row's last chunk, ended early, is
 settled at its last position (``M_T``). Decoding (``reference.step``) keeps ``Mh`` as ``memory``,
 ``M~`` as ``read_memory`` and ``c`` as ``ns_scale``, on the chunk grid of the state's ``position``;
-``reference.settled_memory`` applies a pending chunk. The ``xla`` form scans ``M~`` per token (a
-``linear_scan``) rather than reading it through masked ``[b, b]`` matmuls of the gradient factors.
+``reference.settled_memory`` applies a pending chunk. The ``xla`` form reads ``M~`` in TTT's dual
+form, masked ``[b, b]`` and ``[b, c - 1 + b]`` matmuls of the window's rank-1 gradient factors, and
+forms the chunk's matrices (``S_e``, ``NS_k(S_e)``, ``M_e``) once (``xla._dual_chunk``).
 
 Forms (``impl``): ``reference`` (``reference.py``: ``step`` scanned over the row, gradients by
 ``jax.grad`` and Newton-Schulz by its reference: slow and obviously right), ``xla`` (``xla.py``: the

@@ -134,6 +134,11 @@ def memory_apply(weights: tuple, phi: jax.Array, layout: MemoryLayout, gain: jax
     axes broadcast) -> ``[..., V]``."""
     _check_gain(gain, layout)
     branch, _, _ = _branch(weights, phi, layout)
+    return memory_output(branch, phi, layout, gain)
+
+
+def memory_output(branch: jax.Array, phi: jax.Array, layout: MemoryLayout, gain: jax.Array | None = None) -> jax.Array:
+    """``M(phi)`` from its branch ``o [..., V]`` (``phi W`` or ``silu(phi W1) W2``): the residual and the norm."""
     if layout.norm:
         return phi[..., :layout.value_dim] + gain * _layer_norm(branch)[0]
     return phi[..., :layout.value_dim] + branch if layout.deep else branch

@@ -21,6 +21,9 @@ The rule is in the package docstring (``pallas_kernels.atlas_memory``).
      ``b_t = NS_k(S_t) + [start_t] alpha_t M_0`` (or ``eta_t NS_k(S_t) + ...``);
   6. the read-out of every token's ``M_t``.
 
+Under ``ns_granularity = "chunk"`` steps 2-6 are replaced by ``_dual_chunk``: the reads through masked
+``[b, b]`` matmuls of the factors (no per-token matrix) and one ``newton_schulz`` call per chunk.
+
 Decays and gates stay ``[B, b, H]`` (``[B, b, H, 1]`` for the scans, whose per-row decays broadcast
 over the packed memory ``P`` at use); only the scanned updates are ``[B, b, H, P]``.
 
@@ -39,7 +42,8 @@ from jax.sharding import PartitionSpec
 from pallas_kernels._chunks import pad_time
 from pallas_kernels.atlas_memory.inputs import (AtlasInputs, AtlasSettings, batch_and_heads, broadcast_memory,
                                               document_flags)
-from pallas_kernels.atlas_memory.memory import clip_scale, gradient_factors, memory_apply, orthogonalize, pack, unpack
+from pallas_kernels.atlas_memory.memory import (clip_scale, gradient_factors, memory_apply, memory_output, orthogonalize,
+                                              pack, unpack)
 from pallas_kernels.linear_scan import linear_scan
 
 
@@ -145,15 +149,17 @@ def _chunk(carry, chunk, *, initial_memory, settings: AtlasSettings, impl: str, 
                    zip(window_carry, (phi_k, values, gamma, document)))  # keys, values, weights, document
     lefts, rights = _window_gradients(memory, (*window[:3], jnp.concatenate([carried_fresh, fresh], axis=1)),
                                       initial_memory, layout, settings.grad_clip, gain)
-    sums = _window_sums(lefts, rights, window[3], settings.window, impl, scan_spec)
     window_carry = tuple(x[:, x.shape[1] - (settings.window - 1):] for x in window)
     keep = 1.0 - starts.astype(jnp.float32)
+    if settings.ns_granularity == "chunk":
+        gates = (alpha * keep[..., None], theta * keep[..., None], alpha * starts[..., None], eta, inside)
+        carry = _dual_chunk(memory, momentum, lefts, rights, window[3], phi_q, gates, initial_memory, settings,
+                            impl, ns_spec, gain)
+        return (*carry[:2], *window_carry), carry[2]
+    sums = _window_sums(lefts, rights, window[3], settings.window, impl, scan_spec)
     on_update = settings.eta_scales == "update"
     gradient_scale = -1.0 if on_update else -eta[..., None]
     momenta = _scan(theta * keep[..., None], gradient_scale * sums, momentum, impl, scan_spec)
-    if settings.ns_granularity == "chunk":
-        return _chunk_granularity(memory, momenta, window_carry, phi_q, alpha, eta, starts, keep, inside,
-                                  initial_memory, settings, impl, specs, gain)
     orthogonal = orthogonalize(unpack(momenta, layout), layout, steps=settings.ns_steps,
                                coefficients=settings.ns_coefficients, impl=impl,
                                lead_spec=ns_spec, dtype=settings.ns_dtype)
@@ -164,29 +170,80 @@ def _chunk(carry, chunk, *, initial_memory, settings: AtlasSettings, impl: str, 
     return (memories[:, -1], momenta[:, -1], *window_carry), outputs
 
 
-def _chunk_granularity(memory, momenta, window_carry, phi_q, alpha, eta, starts, keep, inside, initial_memory,
-                       settings: AtlasSettings, impl, specs, gain):
-    """Steps 4-6 under ``ns_granularity = "chunk"`` (package docstring): the reads through the linearised
-    memory ``M~_t = a_t M~_{t-1} + e_t S_t + [start_t] alpha_t M_0`` (a ``linear_scan`` from the chunk-start
-    memory), then one ``NS_k(S_end)`` settling the chunk's end:
-    ``M_end = A_end M_s + m0_end M_0 + c_end NS_k(S_end)`` with the scalar coefficients scanned alike."""
-    layout, (scan_spec, ns_spec) = settings.layout, specs
-    decay = alpha * keep[..., None]  # a_t [B, b, H]
-    step_scale = (eta if settings.eta_scales == "update" else jnp.ones_like(eta)) * inside  # e_t
-    initial_packed = pack(initial_memory, 1)
-    reset_scale = alpha * starts[..., None]  # [start_t] alpha_t
-    reads = _scan(decay, step_scale[..., None] * momenta + reset_scale[..., None] * initial_packed, memory,
-                  impl, scan_spec)
-    outputs = memory_apply(unpack(reads, layout), phi_q, layout, gain)
-    # [B, b, H, 3]: the chunk-start memory's product of decays, the M_0 coefficient and the pending scale c_t.
-    coefficients = _scan(decay, jnp.stack([jnp.zeros_like(alpha), reset_scale, step_scale], axis=-1),
-                         jnp.stack([jnp.ones_like(alpha[:, 0]), jnp.zeros_like(alpha[:, 0]),
-                                    jnp.zeros_like(alpha[:, 0])], axis=-1), impl, scan_spec)[:, -1]
-    end = momenta[:, -1]
-    orthogonal = pack(orthogonalize(unpack(end, layout), layout, steps=settings.ns_steps,
-                                    coefficients=settings.ns_coefficients, impl=impl,
-                                    lead_spec=None if ns_spec is None else PartitionSpec(ns_spec[0], ns_spec[2]),
-                                    dtype=settings.ns_dtype), 2)
-    settled = (coefficients[..., 0:1] * memory + coefficients[..., 1:2] * initial_packed
-               + coefficients[..., 2:3] * orthogonal)
-    return (settled, end, *window_carry), outputs
+
+def _decay_matrix(decay):
+    """``D [B, H, b, b]`` with ``D[t, i] = prod_{u = i + 1}^{t} a_u`` for ``t >= i`` (0 above the diagonal) from
+    ``a = decay [B, b, H]`` in ``[0, 1]``: log-space segment sums (no differences of cumulative sums), a
+    zero factor counted apart so that ``log 0`` never enters."""
+    a = jnp.moveaxis(decay, 1, -1)  # [B, H, b]
+    size = a.shape[-1]
+    zero = a <= 0
+    logs = jnp.log(jnp.where(zero, 1.0, a))
+    strictly_lower = jnp.tril(jnp.ones((size, size), bool), -1)
+    lower = jnp.tril(jnp.ones((size, size), bool))
+
+    def segment_sum(x):  # [t, i] -> sum_{u = i + 1}^{t} x_u
+        return jnp.cumsum(jnp.where(strictly_lower, x[..., :, None], 0.0), axis=-2)
+
+    return jnp.where(lower & (segment_sum(zero.astype(jnp.float32)) == 0), jnp.exp(segment_sum(logs)), 0.0)
+
+
+def _dual_chunk(memory, momentum, lefts, rights, document, phi_q, gates, initial_memory, settings: AtlasSettings,
+                impl, ns_spec, gain):
+    """One chunk under ``ns_granularity = "chunk"`` (package docstring) in its dual form: no per-token matrix.
+
+    With the window's rank-1 factors ``g_j = l_j (x) r_j`` (``j`` over the ``c - 1 + b`` span), the momentum
+    ``S_i = Theta_i S_carry - sum_k Dth[i, k] s_k G_k`` (``s_k = 1``, or ``eta_k`` for ``gradient``) and the
+    read memory ``M~_t = A_t M_s + m0_t M_0 + sum_i Da[t, i] e_i S_i`` are linear in ``g_j``, so a token's read
+    of a weight matrix from an input ``x_t`` is
+
+        x_t W~_t = A_t x_t W_s + m0_t x_t W_0 + sigma_t x_t S_carry + sum_j C[t, j] (x_t . l_j) r_j
+        C = -(Da e) (Dth s) Win          [b, b] [b, b] [b, c - 1 + b] per row and head
+
+    (``Win[k, j]``: ``j`` is in token ``k``'s window and document; ``Da``, ``Dth``: ``_decay_matrix`` of
+    ``a_t`` and ``theta_t`` with 0 at a document start), masked matmuls as in TTT's dual form. Only the
+    chunk's end forms matrices: ``S_e`` (one weighted sum of the factors), ``NS_k(S_e)`` and ``M_e``.
+    Returns ``(M_e, S_e, y)``, packed ``[B, H, P]`` and ``y [B, b, H, V]``."""
+    layout = settings.layout
+    decay, momentum_decay, reset_scale, eta, inside = gates  # [B, b, H]
+    history, size = settings.window - 1, decay.shape[1]
+    on_update = settings.eta_scales == "update"
+    step_scale = jnp.moveaxis((eta if on_update else jnp.ones_like(eta)) * inside, 1, -1)  # e_t [B, H, b]
+    gradient_scale = jnp.ones_like(step_scale) if on_update else jnp.moveaxis(eta, 1, -1)  # s_k
+    da, dth = _decay_matrix(decay), _decay_matrix(momentum_decay)  # [B, H, b, b]
+    a_first, th_first = jnp.moveaxis(decay[:, :1], 1, -1), jnp.moveaxis(momentum_decay[:, :1], 1, -1)
+    cum_a, cum_th = da[..., 0] * a_first, dth[..., 0] * th_first  # A_t, Theta_t [B, H, b]
+    read_steps = da * step_scale[..., None, :]  # Da[t, i] e_i
+    m0 = jnp.einsum("bhti,bhi->bht", da, jnp.moveaxis(reset_scale, 1, -1))
+    sigma = jnp.einsum("bhti,bhi->bht", read_steps, cum_th)
+    offset = jnp.arange(history + size)[None, :] - jnp.arange(size)[:, None]  # j - k
+    same = document[:, None, history:, None] == document[:, None, None, :]  # [B, 1, b, span]
+    window_mask = ((offset >= 0) & (offset <= history))[None, None] & same
+    momentum_terms = jnp.einsum("bhik,bhkj->bhij", dth * gradient_scale[..., None, :],
+                                window_mask.astype(jnp.float32))  # S_i = Theta_i S_carry - sum_j this[i, j] g_j
+    coefficients = -jnp.einsum("bhti,bhij->bhtj", read_steps, momentum_terms)  # C [B, H, b, span]
+    weights, carried_momentum = unpack(memory, layout), unpack(momentum, layout)
+
+    def read(index, x):  # x [B, b, H, m] -> x W~_t [B, b, H, n]
+        linear = (jnp.moveaxis(cum_a, -1, 1)[..., None] * jnp.einsum("bthm,bhmn->bthn", x, weights[index])
+                  + jnp.moveaxis(m0, -1, 1)[..., None] * jnp.einsum("bthm,hmn->bthn", x, initial_memory[index])
+                  + jnp.moveaxis(sigma, -1, 1)[..., None] * jnp.einsum("bthm,bhmn->bthn", x,
+                                                                        carried_momentum[index]))
+        scores = coefficients * jnp.einsum("bthm,bjhm->bhtj", x, lefts[index])
+        return linear + jnp.einsum("bhtj,bjhn->bthn", scores, rights[index])
+
+    if layout.deep:
+        branch = read(1, jax.nn.silu(read(0, phi_q)))
+    else:
+        branch = read(0, phi_q)
+    outputs = memory_output(branch, phi_q, layout, gain)
+    end_terms = momentum_terms[..., -1, :]  # [B, H, span]
+    end = tuple(cum_th[..., -1, None, None] * s - jnp.einsum("bhj,bjhm,bjhn->bhmn", end_terms, left, right)
+                for s, left, right in zip(carried_momentum, lefts, rights))
+    orthogonal = orthogonalize(end, layout, steps=settings.ns_steps, coefficients=settings.ns_coefficients,
+                               impl=impl, lead_spec=None if ns_spec is None else PartitionSpec(ns_spec[0], ns_spec[2]),
+                               dtype=settings.ns_dtype)
+    scale = jnp.sum(read_steps[..., -1, :], axis=-1)  # c_e
+    settled = tuple(cum_a[..., -1, None, None] * w + m0[..., -1, None, None] * w0 + scale[..., None, None] * n
+                    for w, w0, n in zip(weights, initial_memory, orthogonal))
+    return pack(settled, 2), pack(end, 2), outputs
