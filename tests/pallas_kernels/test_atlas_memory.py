@@ -492,6 +492,9 @@ CHUNK_CASES = {
     "deep-c2-b3-k5-polar-clip": (True, 1, AtlasSettings(None, window=2, chunk_size=3, ns_steps=5,
                                                         ns_coefficients="polar_express", eta_scales="update",
                                                         grad_clip=0.5, ns_granularity="chunk")),
+    # deep memory with the LayerNorm, gain and residual (memory_norm), window 3 over chunks of 4
+    "deep-c3-b4-k5-norm": (True, 2, AtlasSettings(None, window=3, chunk_size=4, ns_steps=5, eta_scales="update",
+                                                  ns_granularity="chunk")),
     # linear memory, one chunk of 16 over the whole ragged row (every document starts inside it)
     "linear-c2-b16-k5-update": (False, 1, AtlasSettings(None, window=2, chunk_size=16, ns_steps=5,
                                                         eta_scales="update", ns_granularity="chunk")),
@@ -500,7 +503,7 @@ CHUNK_CASES = {
 
 def chunk_settings_for(name):
     deep, degree, settings = CHUNK_CASES[name]
-    inputs, initial, layout = make_case(deep, degree, seed=1)
+    inputs, initial, layout = make_case(deep, degree, seed=1, norm=name.endswith("-norm"))
     return inputs, initial, dataclasses.replace(settings, layout=layout)
 
 
@@ -508,7 +511,8 @@ def chunk_settings_for(name):
 def value_and_grads_with_memory(impl, settings: AtlasSettings):
     """jit of the outputs, the final memory and the gradients of ``sum(y w) + sum_j sum(M_T,j w_j)``."""
     def objective(floats, initial, segment_ids, weights, memory_weights):
-        y, memory = atlas_memory(AtlasInputs(*floats, segment_ids), initial, settings, impl=impl, return_memory=True)
+        y, memory = atlas_memory(AtlasInputs(*floats[:7], segment_ids, *floats[7:]), initial, settings, impl=impl,
+                                 return_memory=True)
         loss = jnp.sum(y * weights) + sum(jnp.sum(m * w) for m, w in zip(memory, memory_weights))
         return loss, (y, memory)
     return jax.jit(jax.value_and_grad(objective, argnums=(0, 1), has_aux=True))
@@ -517,12 +521,14 @@ def value_and_grads_with_memory(impl, settings: AtlasSettings):
 def evaluate_with_memory(impl, inputs, initial, settings):
     weights = jax.random.normal(jax.random.key(7), inputs.values.shape)
     memory_weights = tuple(jax.random.normal(jax.random.key(8 + i), (BATCH, *w.shape)) for i, w in enumerate(initial))
+    floats = tuple(inputs[:7]) + (() if inputs.norm_gain is None else (inputs.norm_gain,))
     (_, (y, memory)), grads = value_and_grads_with_memory(impl, settings)(
-        tuple(inputs[:7]), initial, inputs.segment_ids, weights, memory_weights)
+        floats, initial, inputs.segment_ids, weights, memory_weights)
     return y, memory, grads
 
 
-@pytest.mark.parametrize("case", sorted(CHUNK_CASES))
+@pytest.mark.parametrize("case", [pytest.param(name, marks=pytest.mark.slow) if name.endswith("-norm") else name
+                                  for name in sorted(CHUNK_CASES)])
 def test_chunk_granularity_chunked_form_matches_its_token_by_token_reference(case):
     inputs, initial, settings = chunk_settings_for(case)
     y, memory, grads = evaluate_with_memory("xla", inputs, initial, settings)
