@@ -83,12 +83,17 @@ matrices (``F D`` linear; ``F E + E D`` deep):
                + (1 + [c > 1] 2) P (b + c - 1) / b     window sum: the rank-1 gradients as matrices,
                                              then a running sum (the entering term added, the leaving one
                                              subtracted)
-               + k NS(F, D)  or  k (NS(F, E) + NS(E, D))    Newton-Schulz (deep: W1 and W2, each at its shape);
-                                             divided by b under ns_granularity = chunk (once per chunk)
+               + k NS(F, D)  or  k (NS(F, E) + NS(E, D))    Newton-Schulz (deep: W1 and W2, each at its shape)
                + 2 P                         read-out
                + [norm] 20 D (b + c - 1) / b + 8 D    LayerNorm forward and backward (~10 D) at both
                                              base memories, LayerNorm of the read-out
     NS(m, n) = 4 s^2 l + 2 s^3  with s = min(m, n), l = max(m, n)             one Newton-Schulz step
+
+    ns_granularity = chunk (the dual form, ``w = b + c - 1`` window tokens per chunk): the inner and
+    norm terms as above, and in place of the window sum, Newton-Schulz and read-out lines
+               + 3 (2 P) + sum_j 2 (m_j + n_j) w + 4 b w     reads: x W at M_s, M_0 and S_carry; the
+                                             factor scores and their products; the [b, b] x [b, w] coefficients
+               + (2 P w + k NS) / b          the chunk's end: S_end from the factors, one Newton-Schulz
 """
 
 from __future__ import annotations
@@ -348,8 +353,12 @@ def memory_flops_per_token(settings: AtlasSettings) -> float:
     window = (1 + (2 if settings.window > 1 else 0)) * size * evaluated
     ns = sum(newton_schulz_step_flops(m, n) for m, n in layout.shapes)
     norm = 20 * layout.value_dim * evaluated + 8 * layout.value_dim if layout.norm else 0
-    per_chunk = settings.chunk_size if settings.ns_granularity == "chunk" else 1  # chunk: NS_k(S_end) only
-    return inner + window + settings.ns_steps * ns / per_chunk + 2 * size + norm
+    if settings.ns_granularity == "chunk":  # the dual form (module docstring): no per-token matrix
+        span = settings.chunk_size + settings.window - 1
+        reads = 3 * 2 * size + sum(2 * (m + n) * span for m, n in layout.shapes) + 4 * settings.chunk_size * span
+        chunk_end = (2 * size * span + settings.ns_steps * ns) / settings.chunk_size
+        return inner + reads + chunk_end + norm
+    return inner + window + settings.ns_steps * ns + 2 * size + norm
 
 
 def atlas_flops(config: ModelConfigBase, seq_len: int) -> float:
