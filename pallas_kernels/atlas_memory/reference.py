@@ -75,8 +75,6 @@ def step(state: dict, token: tuple, initial_memory: tuple, settings: AtlasSettin
     on_update = settings.eta_scales == "update"
     gradient_scale = 1.0 if on_update else eta[..., None, None]
     momentum = tuple(theta[..., None, None] * s - gradient_scale * g for s, g in zip(momentum, gradient))
-    orthogonal = orthogonalize(momentum, layout, steps=settings.ns_steps, coefficients=settings.ns_coefficients,
-                               impl=impl, lead_spec=ns_spec, dtype=settings.ns_dtype)
     if settings.ns_granularity == "chunk":
         return _chunk_step(state, memory, chunk_memory, momentum, window, phi_q, alpha, eta, reset, settings,
                            impl=impl, ns_spec=ns_spec, norm_gain=norm_gain)
