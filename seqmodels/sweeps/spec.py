@@ -298,7 +298,8 @@ def _params(abstract_state):
 
 def _single_device_mesh():
     """A mesh shape stand-in for ``loop.validate`` (which only reads ``mesh.shape``)."""
-    return type("MeshShape", (), {"shape": {"data": 1, "fsdp": 1, "tensor": 1}})()
+    from seqmodels.sharding import MESH_AXES
+    return type("MeshShape", (), {"shape": dict.fromkeys(MESH_AXES, 1)})()
 
 
 def load_sweep(path: str | os.PathLike, root: str | os.PathLike = ".") -> Sweep:
