@@ -8,16 +8,50 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # LAPACK calls (the delta-rule triangular solves) with multi-threaded OpenBLAS spin-wait on a busy
 # CPU and run ~1000x slower; XLA's own thread pool is unaffected.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-# No persistent compilation cache: on jax 0.11.2 serialising one of the suite's CPU executables into it
-# crashed a test worker (a segmentation fault inside LoadedExecutable.serialize), and pytest-xdist then
-# stalled the run.
+# No persistent compilation cache: the suite has no use for it, and a worker that runs out of memory
+# mappings (see `_release_compiled_executables`) crashed inside LoadedExecutable.serialize while writing it.
 # transformers copies an export's remote-code modules into this cache when loading it; one per test process,
 # so two workers never write and import the same copies at once.
 os.environ["HF_MODULES_CACHE"] = tempfile.mkdtemp(prefix="hf_modules_")  # not inherited: xdist workers each set theirs
 
+import gc  # noqa: E402
 import random  # noqa: E402
 
 import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_executables():
+    """Drop every compiled executable after a test module once they hold a quarter of the mapping limit.
+
+    An XLA CPU executable holds about three memory mappings of JIT code until jax's caches let it go, and an
+    xdist worker runs hundreds of modules: past Linux's ``vm.max_map_count`` (65,530 by default) the next
+    compile cannot map its code and the worker aborts or segfaults inside ``backend_compile_and_load``.
+    Clearing only past a quarter keeps the executables that later modules reuse for as long as it is safe.
+    """
+    yield
+    limit, mapped = _memory_mappings()
+    if mapped <= limit // 4:
+        return
+    import jax
+
+    jax.clear_caches()
+    gc.collect()
+    limit, mapped = _memory_mappings()
+    if mapped > limit // 2:
+        pytest.fail(f"{mapped} memory mappings are still held after this module's executables were released "
+                    f"(vm.max_map_count is {limit}): something keeps compiled functions alive across modules")
+
+
+def _memory_mappings() -> tuple[int, int]:
+    """(vm.max_map_count, mappings this process holds); zero mappings where /proc does not say."""
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            limit = int(f.read())
+        with open("/proc/self/maps") as f:
+            return limit, sum(1 for _ in f)
+    except OSError:
+        return 1, 0
 
 
 def write_corpus(directory, num_files: int = 24, seed: int = 0):
