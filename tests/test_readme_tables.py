@@ -10,7 +10,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
-import readme_tables  # noqa: E402  (a script, not a package)
+import readme_format  # noqa: E402  (scripts, not a package)
+import readme_tables  # noqa: E402
 
 
 @pytest.mark.parametrize("name", sorted(readme_tables.TABLES))
@@ -78,7 +79,7 @@ def test_check_fails_when_a_results_file_changes_a_value_without_the_readme(name
     for path in (readme, *sources):
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / path, tmp_path / path)
-    monkeypatch.setattr(readme_tables, "ROOT", tmp_path)
+    monkeypatch.setattr(readme_format, "ROOT", tmp_path)
     assert readme_tables.main(["--check", name]) == 0
     committed = (tmp_path / readme).read_text()
     for source in sources:
@@ -103,7 +104,7 @@ def test_check_mode_reports_a_stale_table_and_leaves_it(tmp_path, monkeypatch):
     readme = tmp_path / "README.md"
     readme.write_text("before\n<!-- table demo: scripts/readme_tables.py from x.json -->\n| a |\n|---|\n| 1 |\n"
                       "<!-- /table demo -->\nafter\n")
-    monkeypatch.setattr(readme_tables, "ROOT", tmp_path)
+    monkeypatch.setattr(readme_format, "ROOT", tmp_path)
     monkeypatch.setattr(readme_tables, "TABLES", {"demo": ("README.md", ("x.json",), lambda: "| a |\n|---|\n| 2 |")})
     before = readme.read_text()
     assert readme_tables.main(["--check"]) == 1 and readme.read_text() == before
