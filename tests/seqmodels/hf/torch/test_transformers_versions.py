@@ -2,21 +2,15 @@
 
 One causal export (``[swa, gated_deltanet, mamba2]`` with the byte-level tokenizer) and one looped
 classifier, with the JAX models' logits (and greedy tokens), are made once per test process; each version
-runs ``transformers_version_check.py`` in an environment of its own: a venv under ``TRANSFORMERS_ENVS``
-(the repository's ``.cache/``, kept between runs) with ``pip install transformers==X`` and whatever of
-its dependencies the version pins differently, on top of this venv's packages (a ``.pth`` file adds this
-venv's site-packages after its own, so torch is this one's and is not downloaded). A failed install
-fails the test with the command that failed.
+runs ``transformers_version_check.py`` in an environment of its own (``package_environments``:
+``pip install transformers==X`` and whatever of its dependencies the version pins differently, on top of
+this venv's packages, so torch is this one's and is not downloaded).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import json
-import subprocess
-import sys
-import sysconfig
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -24,10 +18,10 @@ import numpy as np
 import pytest
 from export_parity import BASE_CONFIG, LENGTH, LOGIT_TOLERANCE, NEW_TOKENS, PROMPT, jax_logits, jax_model, \
     looped_config, random_params, tiny_config
+from package_environments import package_environment, run_checked
 
 ROOT = Path(__file__).resolve().parents[4]
 CHECK = Path(__file__).with_name("transformers_version_check.py")
-TRANSFORMERS_ENVS = ROOT / ".cache" / "transformers_versions"
 
 
 def pinned_version() -> str:
@@ -41,35 +35,10 @@ def pinned_version() -> str:
 VERSIONS = ("4.57.6", "5.23.0", pinned_version())
 
 
-def _run(command: list[str], what: str) -> str:
-    result = subprocess.run(command, capture_output=True, text=True)
-    if result.returncode != 0:
-        pytest.fail(f"{what} failed (exit {result.returncode}): {' '.join(map(str, command))}\n"
-                    f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}", pytrace=False)
-    return result.stdout
-
-
 def transformers_environment(version: str) -> Path:
     """The python of a venv with ``transformers==version`` over this venv's packages (made once, then reused)."""
-    TRANSFORMERS_ENVS.mkdir(parents=True, exist_ok=True)
-    root = TRANSFORMERS_ENVS / f"transformers-{version}"
-    python = root / "bin" / "python"
-    with open(TRANSFORMERS_ENVS / f"transformers-{version}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # two test workers never build one environment at once
-        if (root / "ready").is_file():
-            return python
-        _run([sys.executable, "-m", "venv", "--clear", str(root)], "creating the venv")
-        own = Path(_run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                        "asking the venv for its site-packages").strip())
-        (own / "zz_base_venv.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")  # after its own packages
-        _run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-              f"transformers=={version}"], f"installing transformers {version}")
-        installed = _run([str(python), "-c", "import transformers; print(transformers.__version__)"],
-                         f"importing transformers {version}").strip()
-        if installed != version:
-            pytest.fail(f"{root} imports transformers {installed}, not {version}", pytrace=False)
-        (root / "ready").write_text(version + "\n")
-    return python
+    return package_environment(f"transformers-{version}", f"transformers=={version}",
+                               "__import__('transformers').__version__", version) / "python"
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +69,7 @@ def export_and_expected(tmp_path_factory):
 @pytest.mark.parametrize("version", VERSIONS)
 def test_the_export_gives_jax_logits_greedy_tokens_and_byte_ids_under_transformers(version, export_and_expected):
     python = transformers_environment(version)
-    output = _run([str(python), str(CHECK), *map(str, export_and_expected)], f"the check under transformers {version}")
+    output = run_checked([str(python), str(CHECK), *map(str, export_and_expected)], f"the check under transformers {version}")
     lines = [line for line in output.splitlines() if line.startswith("result: ")]
     assert len(lines) == 1, output
     result = json.loads(lines[0][len("result: "):])
