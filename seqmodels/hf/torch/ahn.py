@@ -13,9 +13,13 @@ the compressor; ``q, k`` L2-normalised per head there)::
     m_t = W_m,h (RMSNorm(Dh^-1/2 S_t^T q_t) * silu(W_gate h_t))     per head; S_t holds sinks <= s <= t - ring
     x <- x + W_o (a_t + m_t);   x <- x + MLP(RMSNorm(x))
 
-Each token's write gates come from its own ``h``; the state is written in token order, one token per
-step (``recurrences.delta_rule_scan`` / ``gated_linear_scan``), the JAX decoding form (JAX trains
-with the chunked kernels, equal within float32 round-off).
+Each token's write gates come from its own ``h``; the state is written in token order. At each position the
+write is the token leaving there (a no-op write, zero key, strength and log decay, where none leaves), so the
+compressor is one linear recurrence over the row's positions: a call of more than one token (training, a
+prefill) runs its chunk-parallel form (``chunked.chunk_delta_rule`` / ``chunk_gated_linear``, ``scan_form``
+as every recurrent twin), a decoded token the token-by-token step (``recurrences.delta_rule_scan`` /
+``gated_linear_scan``, the JAX decoding form; JAX trains with the chunked kernels, equal within float32
+round-off).
 
 A layer's cache: the attention's (the sink keys / values and the last ``ring``, ``attention``)
 and the compressor's: its state and the last ``ring`` non-sink tokens' raw ``k, v`` and gates, the ones
@@ -33,6 +37,7 @@ import torch
 from torch import nn
 
 from .attention import Attention
+from .chunked import ScanForm, chunk_delta_rule, chunk_gated_linear
 from .layers import RMSNorm, SwiGLU, l2_normalize, mlp_hidden, step_and_log_decay
 from .recurrences import delta_rule_scan, gated_linear_scan
 
@@ -47,7 +52,7 @@ def _expand(x: torch.Tensor, heads: int) -> torch.Tensor:
     return x.repeat_interleave(heads // x.shape[2], dim=2)
 
 
-class Compressor(nn.Module):
+class Compressor(ScanForm, nn.Module):
     """The compressor of one layer (module docstring); parameter names as the JAX ``Compressor``."""
 
     def __init__(self, model: dict, *, head_dim: int):
@@ -114,11 +119,15 @@ class Compressor(nn.Module):
         state = cache.get("state")
         if state is None:
             state = torch.zeros(q.shape[0], self.heads, self.head_dim, self.head_dim, device=q.device)
+        chunked = self.chunked(q.shape[1])
         if self.delta_rule:
-            o, state = delta_rule_scan(queries, keys, values, evicted["strength"], evicted["log_decay"], state)
+            arguments = (queries, keys, values, evicted["strength"], evicted["log_decay"], state)
+            o, state = chunk_delta_rule(*arguments, chunk_size=self.chunk_size) if chunked else \
+                delta_rule_scan(*arguments)
         else:
-            o, state = gated_linear_scan(queries, keys * evicted["strength"][..., None], values,
-                                         evicted["log_decay"], state)
+            arguments = (queries, keys * evicted["strength"][..., None], values, evicted["log_decay"], state)
+            o, state = chunk_gated_linear(*arguments, chunk_size=self.chunk_size) if chunked else \
+                gated_linear_scan(*arguments)
         newest = positions.max(dim=1, keepdim=True).values
         if "newest" in cache:
             newest = torch.maximum(newest, cache["newest"])
