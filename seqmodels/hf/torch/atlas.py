@@ -17,6 +17,21 @@ op's one call per matrix.
 
 Padding (``positions`` -1) is skipped by the convolution and changes nothing of the state: not the memory,
 the momentum, the Omega window, nor the row's count of tokens that places its chunk boundaries.
+
+Chunk-parallel form (``scan_form``, as every recurrent twin: a call of more than one token runs it, a decoded
+token the step above). Within a chunk of ``b`` row positions every gradient is taken at the one base memory,
+so the rule above is, per chunk, with ``g_i = gamma_i clip(grad l(base; k_i, v_i))`` for the chunk's tokens
+and the ``c - 1`` before them::
+
+    G = Band g                      Band_ti = 1 for the c tokens i of t's window: one [b, b + c - 1] matmul
+    S = L_theta (-s G) + P_theta S_0,   M = L_alpha (u NS_k(S)) + P_alpha M_0,   y_t = M_t(phi(q_t))
+
+with ``L_x[t, j] = prod_{j < r <= t} x_r`` (``j <= t``), ``P_x[t] = prod_{r <= t} x_r``, ``s`` / ``u`` the
+step's ``eta`` or 1 (``eta_scales``), and ``NS_k`` run on the chunk's ``b`` momenta at once: only the loop over
+chunks is sequential. Each row's real tokens are first packed to the front (padding at the end is a step
+that changes nothing: ``theta = alpha = 1``, ``s = u = 0``) and placed at their row position modulo ``b``, so
+the chunks of every row line up whatever its padding or the tokens a cache has seen; the Omega window and
+the base memory of a chunk already begun come from the cache.
 """
 
 from __future__ import annotations
@@ -27,6 +42,7 @@ from torch import nn
 
 from .atlas_memory_constants import NORM_EPS
 from .layers import RMSNorm, ShortConv, l2_normalize, real_tokens
+from .chunked import ScanForm
 from .newton_schulz import newton_schulz
 
 GATES = ("alpha", "theta", "eta", "gamma")
@@ -96,13 +112,15 @@ def gradient_factors(weights, phi, values, value_dim: int, gain: torch.Tensor | 
     return ((phi, grad_pre), (hidden, grad_branch))
 
 
-class Atlas(nn.Module):
+class Atlas(ScanForm, nn.Module):
     def __init__(self, model: dict):
         super().__init__()
         atlas, heads, d_model = model["atlas"], model["num_heads"], model["d_model"]
         self.heads, self.head_dim = heads, d_model // heads
         self.features, _, self.hidden = memory_shapes(model)
-        self.window, self.chunk_size, self.grad_clip = atlas["window"], atlas["chunk_size"], atlas["grad_clip"]
+        # model.atlas.chunk_size places the base memories (the rule); ScanForm's chunk_size is not used here: the
+        # chunk-parallel form runs over those same chunks
+        self.window, self.memory_chunk, self.grad_clip = atlas["window"], atlas["chunk_size"], atlas["grad_clip"]
         self.ns_steps, self.ns_coefficients = atlas["ns_steps"], atlas["ns_coefficients"]
         scales = atlas["eta_scales"]
         self.eta_on_update = scales == "update" or (scales == "auto" and atlas["ns_steps"] > 0)
@@ -172,7 +190,7 @@ class Atlas(nn.Module):
         """One token of every row (``real [B]``: which rows hold a token here; the others keep their state)."""
         phi_k, values, phi_q, alpha, theta, eta, gamma = token
         expand = real[:, None, None, None]
-        chunk_start = expand & (state["position"] % self.chunk_size == 0)[:, None, None, None]
+        chunk_start = expand & (state["position"] % self.memory_chunk == 0)[:, None, None, None]
         state["chunk_memory"] = tuple(torch.where(chunk_start, m, c)
                                       for m, c in zip(state["memory"], state["chunk_memory"]))
         for name, new in (("window_keys", phi_k), ("window_values", values), ("window_weights", gamma)):
@@ -190,16 +208,113 @@ class Atlas(nn.Module):
         state.update(memory=memory, momentum=momentum, position=state["position"] + real.long())
         return memory_apply(memory, phi_q, self.head_dim, self._gain())
 
+    def _chunk_gradients(self, base, keys, values, weights):
+        """``G_t`` of each of a chunk's b tokens at ``base``, per matrix ``[B, b, H, m, n]``, from ``keys [B, b + c - 1,
+        H, F]`` (and values, weights), the chunk's tokens and the c - 1 before: ``_window_gradient``'s sum over
+        each token's window (``window_index``), batched."""
+        factors = gradient_factors(tuple(w[:, None] for w in base), keys, values, self.head_dim, self._gain())
+        norm_sq = sum(left.square().sum(-1) * right.square().sum(-1) for left, right in factors)
+        clip = torch.ones_like(norm_sq) if self.grad_clip == 0 else \
+            self.grad_clip * torch.rsqrt(torch.clamp_min(norm_sq, self.grad_clip**2))
+        scale = (weights * clip)[:, self.window_index]  # [B, b, c, H]
+        return tuple(torch.einsum("btch,btchm,btchn->bthmn", scale, left[:, self.window_index],
+                                  right[:, self.window_index]) for left, right in factors)
+
+    def _chunked(self, state, inputs, valid) -> torch.Tensor:
+        """The outputs ``[B, T, H, D]`` of ``inputs`` in the chunk-parallel form (module docstring); ``state`` updated
+        as ``_step`` token by token would leave it. Padded positions output zeros (the LM carries the last real
+        token's hidden state over them)."""
+        phi_k, values, phi_q, alpha, theta, eta, gamma = inputs
+        batch, length = valid.shape
+        size, window = self.memory_chunk, self.window
+        rows = torch.arange(batch, device=valid.device)[:, None]
+        order = torch.argsort((~valid).to(torch.int8), dim=1, stable=True)  # each row's real tokens first, in order
+        counts = valid.sum(1)
+        offsets = state["position"] % size  # where each row's first token falls in its chunk
+        chunks = int(((offsets + counts).max() + size - 1) // size)
+        aligned = torch.arange(chunks * size, device=valid.device)[None]  # [1, N b] row positions modulo b onwards
+        packed_index = aligned - offsets[:, None]  # which packed token sits at each aligned position
+        real = (packed_index >= 0) & (packed_index < counts[:, None])
+        source = order[rows, packed_index.clamp(0, length - 1)]
+
+        def place(x, fill):
+            return torch.where(real.reshape(real.shape + (1,) * (x.ndim - 2)), x[rows, source], fill)
+
+        alpha, theta, eta = place(alpha, 1.0), place(theta, 1.0), place(eta, 0.0)
+        phi_q = place(phi_q, 0.0)
+        step = (eta if not self.eta_on_update else real.float()[..., None].expand_as(eta))
+        update = (eta if self.eta_on_update else real.float()[..., None].expand_as(eta))
+        # the Omega window's tokens: b zeros, the cache's last c tokens, this call's packed (zero weight after)
+        taken = torch.arange(length, device=valid.device)[None] < counts[:, None]
+        history = {}
+        for name, x in (("window_keys", phi_k), ("window_values", values), ("window_weights", gamma)):
+            packed = torch.where(taken.reshape(taken.shape + (1,) * (x.ndim - 2)), x[rows, order], 0.0)
+            zeros = packed.new_zeros((batch, size) + packed.shape[2:])
+            history[name] = torch.cat([zeros, state[name], packed, zeros], dim=1)
+        extent = torch.arange(size + window - 1, device=valid.device)[None]
+        base = tuple(torch.where((offsets == 0).reshape(-1, 1, 1, 1), m, c)
+                     for m, c in zip(state["memory"], state["chunk_memory"]))
+        memory, momentum, chunk_memory = state["memory"], state["momentum"], state["chunk_memory"]
+        last_chunk = (offsets + counts - 1) // size  # the chunk of each row's last token (-1: none)
+        self.window_index = (torch.arange(size, device=valid.device)[:, None]
+                             + torch.arange(window, device=valid.device)[None])  # [b, c]: token t's window
+        outputs = []
+        for n in range(chunks):
+            span = slice(n * size, (n + 1) * size)
+            # the chunk's tokens and the c - 1 before them: aligned position a is history entry b + c + a - offset
+            extended = (size + n * size + 1 - offsets)[:, None] + extent
+            gradients = self._chunk_gradients(base, *(history[name][rows, extended] for name in
+                                                      ("window_keys", "window_values", "window_weights")))
+            momenta = _decayed_sums(theta[:, span], tuple(-step[:, span, :, None, None] * g for g in gradients),
+                                    momentum)
+            updates = self._orthogonalize(momenta)
+            memories = _decayed_sums(alpha[:, span], tuple(update[:, span, :, None, None] * u for u in updates),
+                                     memory)
+            outputs.append(memory_apply(memories, phi_q[:, span], self.head_dim, self._gain()))
+            ends = (last_chunk == n).reshape(-1, 1, 1, 1)
+            chunk_memory = tuple(torch.where(ends, b, c) for b, c in zip(base, chunk_memory))
+            memory, momentum = tuple(m[:, -1] for m in memories), tuple(s[:, -1] for s in momenta)
+            base = memory
+        last_seen = size + counts[:, None] + torch.arange(window, device=valid.device)[None]
+        for name, tokens in history.items():
+            state[name] = tokens[rows, last_seen]  # the last c tokens seen
+        state.update(memory=memory, momentum=momentum, chunk_memory=chunk_memory,
+                     position=state["position"] + counts)
+        y = torch.cat(outputs, dim=1)  # [B, N b, H, D] at aligned positions
+        out = torch.zeros(batch, length, *y.shape[2:], dtype=y.dtype, device=y.device)
+        gathered = y[rows, (torch.arange(length, device=valid.device)[None] + offsets[:, None]).clamp(
+            max=y.shape[1] - 1)]
+        out[rows.expand(batch, length)[taken], order[taken]] = gathered[taken]
+        return out
+
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: dict | None = None):
         valid = real_tokens(positions)  # a recurrence: only which tokens are real matters
         inputs, output_gate = self._inputs(x, cache, valid)
         state = cache.get("memory") if cache is not None else None
         state = state if state is not None else self._initial_state(x.shape[0], x.device)
-        outputs = [self._step(state, tuple(t[:, i] for t in inputs), valid[:, i]) for i in range(x.shape[1])]
+        if self.chunked(x.shape[1]):
+            outputs = self._chunked(state, inputs, valid)
+        else:
+            outputs = torch.stack([self._step(state, tuple(t[:, i] for t in inputs), valid[:, i])
+                                   for i in range(x.shape[1])], dim=1)
         if cache is not None:
             cache["memory"] = state
-        y = self.out_norm(torch.stack(outputs, dim=1).to(x.dtype), gate=output_gate)
+        y = self.out_norm(outputs.to(x.dtype), gate=output_gate)
         return self.out(y.reshape(*x.shape[:2], -1)), cache
+
+
+def _decayed_sums(decays: torch.Tensor, inputs: tuple, initial: tuple) -> tuple:
+    """Per matrix, every ``X_t = decays_t X_{t-1} + inputs_t`` of a chunk from ``initial`` (``decays [B, b, H]``,
+    inputs ``[B, b, H, m, n]``), in the recurrent form's order of operations (an axpy a token: the costly terms,
+    the gradients and Newton-Schulz, are batched over the chunk around it)."""
+    outputs = []
+    for x, x0 in zip(inputs, initial):
+        steps = []
+        for t in range(decays.shape[1]):
+            x0 = decays[:, t, :, None, None] * x0 + x[:, t]
+            steps.append(x0)
+        outputs.append(torch.stack(steps, dim=1))
+    return tuple(outputs)
 
 
 MIXERS = {"atlas": Atlas}
