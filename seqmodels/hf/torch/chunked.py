@@ -28,8 +28,17 @@ with ``x = 0`` (no delta correction) when ``beta`` is None (the Mamba2 backbone)
 form is the recurrence unrolled twice (S over M, M over the injections); the ``c`` matrix is one more
 ``[C, C] x [C, C]`` product a chunk.
 
+``chunk_diagonal_scan`` (LongHorn's state and MuonSSM-LongHorn's velocity: a decay per state entry, so no
+``[C, C]`` score matrix to share; ``pallas_kernels/linear_scan``)::
+
+    h_t = a_t * h_{t-1} + b_t   (elementwise);   h_i = A_i * h_0 + l_i,  A_i = prod_{j <= i} a_j,  l_i = a_i * l_{i-1} + b_i
+
+``l`` (the chunk's own scan from a zero state) steps through the ``C`` positions of every chunk at once, ``A`` is
+a cumulative product, then one loop over chunks carries ``h_0``: ``C + T / C`` batched steps instead of ``T``,
+and the same products as the token scan (no ``e^{-G}``, no exponent of a difference).
+
 Padding (``valid [B, T]`` False) is a step that leaves every state as it was, exactly as the scans' ``keep_real``:
-at a padded step the decay is 1 (``g = 0``, the momentum's too), ``beta`` and the injection are 0 and the
+at a padded step the decay is 1 (``g = 0``, the momentum's and ``a`` too), ``beta`` and the injection are 0 and the
 momentum does not enter the state (``m = 0``). ``T`` need not be a multiple of ``C``: the tail is padded the
 same way and its outputs dropped. Every exponent is a difference ``G_i - G_j`` with ``j <= i`` (or ``G_i``), so
 ``<= 0``; masked entries are set to ``-inf`` before ``exp``. Gradients come from autograd through these
@@ -225,3 +234,31 @@ def chunk_momentum(q, k, w, beta, log_decay, log_gamma, state, momentum, valid=N
                     + momentum_keys[:, :, n].transpose(-1, -2) @ w[:, :, n])
         state = new_state
     return _finish(outputs, steps, w), state, momentum
+
+
+def chunk_diagonal_scan(decay, injection, state, valid=None, chunk_size=CHUNK_SIZE):
+    """``(h [B, T, ...], final state)`` of ``h_t = decay_t * h_{t-1} + injection_t`` elementwise (``injection
+    [B, T, ...]``, ``decay`` of its shape or broadcast to it, ``state [B, ...]`` float32; ``valid [B, T]``)."""
+    batch, steps, *entry = injection.shape
+    if list(state.shape) != [batch, *entry]:
+        raise ValueError(f"chunk_diagonal_scan: state must be [B, ...] = {[batch, *entry]}, got {list(state.shape)}")
+    if valid is None:
+        valid = torch.ones(batch, steps, dtype=torch.bool, device=injection.device)
+    real = valid.reshape(batch, steps, *(1,) * len(entry))
+    decay = torch.where(real, decay.float(), 1.0).expand(injection.shape)
+    injection = torch.where(real, injection.float(), 0.0)
+    chunks = -(-steps // chunk_size)
+    pad = (0, 0) * len(entry) + (0, chunks * chunk_size - steps)
+    decay = F.pad(decay, pad, value=1.0).reshape(batch, chunks, chunk_size, *entry)  # [B, N, C, ...]
+    injection = F.pad(injection, pad).reshape(batch, chunks, chunk_size, *entry)
+    local, own = [], torch.zeros_like(injection[:, :, 0])
+    for i in range(chunk_size):  # every chunk's scan from a zero state at once
+        own = decay[:, :, i] * own + injection[:, :, i]
+        local.append(own)
+    local, carried = torch.stack(local, dim=2), decay.cumprod(dim=2)  # l, A
+    state, entering = state.float(), []
+    for n in range(chunks):
+        entering.append(state)
+        state = carried[:, n, -1] * state + local[:, n, -1]
+    h = carried * torch.stack(entering, dim=1)[:, :, None] + local
+    return h.reshape(batch, chunks * chunk_size, *entry)[:, :steps], state
