@@ -31,11 +31,12 @@ form is the recurrence unrolled twice (S over M, M over the injections); the ``c
 ``chunk_diagonal_scan`` (LongHorn's state and MuonSSM-LongHorn's velocity: a decay per state entry, so no
 ``[C, C]`` score matrix to share; ``pallas_kernels/linear_scan``)::
 
-    h_t = a_t * h_{t-1} + b_t   (elementwise);   h_i = A_i * h_0 + l_i,  A_i = prod_{j <= i} a_j,  l_i = a_i * l_{i-1} + b_i
+    h_t = a_t * h_{t-1} + b_t  (elementwise);  S_C = A_C * S_0 + l_C,  A_C = prod_i a_i,  l_i = a_i * l_{i-1} + b_i
 
-``l`` (the chunk's own scan from a zero state) steps through the ``C`` positions of every chunk at once, ``A`` is
-a cumulative product, then one loop over chunks carries ``h_0``: ``C + T / C`` batched steps instead of ``T``,
-and the same products as the token scan (no ``e^{-G}``, no exponent of a difference).
+``l`` (the chunk's own scan from a zero state) steps through the ``C`` positions of every chunk at once, one loop
+over chunks carries the entering states ``S_0``, and a second pass through the ``C`` positions, from each chunk's
+``S_0``, gives every ``h``: ``2 C + T / C`` batched steps instead of ``T``, and the token scan's own products
+(no ``e^{-G}``, no exponent of a difference).
 
 Padding (``valid [B, T]`` False) is a step that leaves every state as it was, exactly as the scans' ``keep_real``:
 at a padded step the decay is 1 (``g = 0``, the momentum's and ``a`` too), ``beta`` and the injection are 0 and the
@@ -242,23 +243,25 @@ def chunk_diagonal_scan(decay, injection, state, valid=None, chunk_size=CHUNK_SI
     batch, steps, *entry = injection.shape
     if list(state.shape) != [batch, *entry]:
         raise ValueError(f"chunk_diagonal_scan: state must be [B, ...] = {[batch, *entry]}, got {list(state.shape)}")
-    if valid is None:
-        valid = torch.ones(batch, steps, dtype=torch.bool, device=injection.device)
-    real = valid.reshape(batch, steps, *(1,) * len(entry))
-    decay = torch.where(real, decay.float(), 1.0).expand(injection.shape)
-    injection = torch.where(real, injection.float(), 0.0)
+    decay, injection = decay.float().expand(injection.shape), injection.float()
+    if valid is not None:
+        real = valid.reshape(batch, steps, *(1,) * len(entry))
+        decay, injection = torch.where(real, decay, 1.0), torch.where(real, injection, 0.0)
     chunks = -(-steps // chunk_size)
-    pad = (0, 0) * len(entry) + (0, chunks * chunk_size - steps)
-    decay = F.pad(decay, pad, value=1.0).reshape(batch, chunks, chunk_size, *entry)  # [B, N, C, ...]
-    injection = F.pad(injection, pad).reshape(batch, chunks, chunk_size, *entry)
-    local, own = [], torch.zeros_like(injection[:, :, 0])
-    for i in range(chunk_size):  # every chunk's scan from a zero state at once
+    if chunks * chunk_size != steps:
+        pad = (0, 0) * len(entry) + (0, chunks * chunk_size - steps)
+        decay, injection = F.pad(decay, pad, value=1.0), F.pad(injection, pad)
+    decay = decay.reshape(batch, chunks, chunk_size, *entry)  # [B, N, C, ...]
+    injection = injection.reshape(batch, chunks, chunk_size, *entry)
+    own = injection[:, :, 0]
+    for i in range(1, chunk_size):  # l_C: every chunk's scan from a zero state at once
         own = decay[:, :, i] * own + injection[:, :, i]
-        local.append(own)
-    local, carried = torch.stack(local, dim=2), decay.cumprod(dim=2)  # l, A
-    state, entering = state.float(), []
+    through, state, entering = decay.prod(dim=2), state.float(), []  # A_C
     for n in range(chunks):
         entering.append(state)
-        state = carried[:, n, -1] * state + local[:, n, -1]
-    h = carried * torch.stack(entering, dim=1)[:, :, None] + local
-    return h.reshape(batch, chunks * chunk_size, *entry)[:, :steps], state
+        state = through[:, n] * state + own[:, n]
+    h, states = torch.stack(entering, dim=1), []
+    for i in range(chunk_size):  # every chunk again, from its entering state
+        h = decay[:, :, i] * h + injection[:, :, i]
+        states.append(h)
+    return torch.stack(states, dim=2).reshape(batch, chunks * chunk_size, *entry)[:, :steps], state
