@@ -243,10 +243,11 @@ def chunk_diagonal_scan(decay, injection, state, valid=None, chunk_size=CHUNK_SI
     batch, steps, *entry = injection.shape
     if list(state.shape) != [batch, *entry]:
         raise ValueError(f"chunk_diagonal_scan: state must be [B, ...] = {[batch, *entry]}, got {list(state.shape)}")
-    decay, injection = decay.float().expand(injection.shape), injection.float()
-    if valid is not None:
+    decay, injection = decay.float(), injection.float()
+    if valid is not None and not bool(valid.all()):  # (no full-size masks for a row without padding)
         real = valid.reshape(batch, steps, *(1,) * len(entry))
         decay, injection = torch.where(real, decay, 1.0), torch.where(real, injection, 0.0)
+    decay = decay.expand(injection.shape)
     chunks = -(-steps // chunk_size)
     if chunks * chunk_size != steps:
         pad = (0, 0) * len(entry) + (0, chunks * chunk_size - steps)
