@@ -35,8 +35,8 @@ form is the recurrence unrolled twice (S over M, M over the injections); the ``c
 
 ``l`` (the chunk's own scan from a zero state) steps through the ``C`` positions of every chunk at once, one loop
 over chunks carries the entering states ``S_0``, and a second pass through the ``C`` positions, from each chunk's
-``S_0``, gives every ``h``: ``2 C + T / C`` batched steps instead of ``T``, and the token scan's own products
-(no ``e^{-G}``, no exponent of a difference).
+``S_0``, gives every ``h`` by the token scan's own update: ``2 C + T / C`` batched steps instead of ``T``, and
+only products of decays in ``(0, 1]`` (no ``e^{-G}``, no exponent of a difference).
 
 Padding (``valid [B, T]`` False) is a step that leaves every state as it was, exactly as the scans' ``keep_real``:
 at a padded step the decay is 1 (``g = 0``, the momentum's and ``a`` too), ``beta`` and the injection are 0 and the
@@ -237,12 +237,22 @@ def chunk_momentum(q, k, w, beta, log_decay, log_gamma, state, momentum, valid=N
     return _finish(outputs, steps, w), state, momentum
 
 
+def _broadcasts(shape, target) -> bool:
+    try:
+        return torch.broadcast_shapes(shape, target) == target
+    except RuntimeError:
+        return False
+
+
 def chunk_diagonal_scan(decay, injection, state, valid=None, chunk_size=CHUNK_SIZE):
     """``(h [B, T, ...], final state)`` of ``h_t = decay_t * h_{t-1} + injection_t`` elementwise (``injection
     [B, T, ...]``, ``decay`` of its shape or broadcast to it, ``state [B, ...]`` float32; ``valid [B, T]``)."""
     batch, steps, *entry = injection.shape
     if list(state.shape) != [batch, *entry]:
         raise ValueError(f"chunk_diagonal_scan: state must be [B, ...] = {[batch, *entry]}, got {list(state.shape)}")
+    if not _broadcasts(decay.shape, injection.shape):
+        raise ValueError(f"chunk_diagonal_scan: decay must be shaped as injection {list(injection.shape)} or "
+                         f"broadcast to it, got {list(decay.shape)}")
     decay, injection = decay.float(), injection.float()
     if valid is not None and not bool(valid.all()):  # (no full-size masks for a row without padding)
         real = valid.reshape(batch, steps, *(1,) * len(entry))

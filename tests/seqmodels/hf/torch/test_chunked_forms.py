@@ -182,12 +182,16 @@ def test_a_padded_step_of_the_chunk_form_leaves_the_state_unchanged():
 def test_chunk_forms_refuse_mismatched_shapes_and_unknown_scan_forms():
     import torch
 
-    from seqmodels.hf.torch.chunked import chunk_delta_rule, set_scan_form
+    from seqmodels.hf.torch.chunked import chunk_delta_rule, chunk_diagonal_scan, set_scan_form
     x, _ = _inputs()
     with pytest.raises(ValueError, match=r"state must be \[B, H, K, V\] = \[2, 3, 8, 5\]"):
         chunk_delta_rule(x["q"], x["k"], x["v"], x["beta"], x["log_decay"], x["state"][:, :1])
     with pytest.raises(ValueError, match=r"log_decay must be \[B, T, H\]"):
         chunk_delta_rule(x["q"], x["k"], x["v"], x["beta"], x["log_decay"][:, :3], x["state"])
+    with pytest.raises(ValueError, match=r"state must be \[B, \.\.\.\] = \[2, 3, 8, 5\]"):
+        chunk_diagonal_scan(x["q"][..., None], x["q"][..., None].expand(-1, -1, -1, -1, 5), x["state"][:, :1])
+    with pytest.raises(ValueError, match=r"decay must be shaped as injection \[2, 37, 3, 8\] or broadcast to it"):
+        chunk_diagonal_scan(x["q"][:, :3], x["q"], x["state"][..., 0])
     with pytest.raises(ValueError, match="scan form 'parallel' is not one of auto, chunked, recurrent"):
         set_scan_form(torch.nn.Linear(2, 2), "parallel")
 
