@@ -3,8 +3,8 @@
     python benchmarks/torch_export_speed.py                      # T = 1024, 4096; writes results/torch_export_speed/
     python benchmarks/torch_export_speed.py --small --out scratch/speed.json     # seconds, for a smoke test
 
-For each of Gated DeltaNet, Mamba2, MuonSSM (on Gated DeltaNet) and Atlas: the PyTorch twin
-(``seqmodels.hf.torch``, ``SeqmodelsForCausalLM``) of two layers of that mixer at its config's settings
+For each of Gated DeltaNet, Mamba2, MuonSSM (on Gated DeltaNet), LongHorn, MuonSSM (on LongHorn) and Atlas: the
+PyTorch twin (``seqmodels.hf.torch``, ``SeqmodelsForCausalLM``) of two layers of that mixer at its config's settings
 (``configs/<name>.yaml``), d_model 64, a 256-token vocabulary, batch 1, random weights, on one CPU thread
 (``torch.set_num_threads(1)``). It times the forward (no gradients) and forward + backward of the LM loss
 at each length, in both ``scan_form`` s (``chunked.set_scan_form``: ``recurrent``, one state update per
@@ -35,7 +35,7 @@ import torch  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "torch_export_speed"
 MIXERS = {"gated_deltanet": "Gated DeltaNet", "mamba2": "Mamba2", "muonssm_gated_deltanet": "MuonSSM (GDN)",
-          "atlas": "Atlas"}
+          "longhorn": "LongHorn", "muonssm_longhorn": "MuonSSM (LongHorn)", "atlas": "Atlas"}
 FORMS = ("recurrent", "chunked")
 VOCAB, WIDTH, LAYERS, CHUNK = 256, 64, 2, 64
 

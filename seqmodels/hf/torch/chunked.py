@@ -28,8 +28,18 @@ with ``x = 0`` (no delta correction) when ``beta`` is None (the Mamba2 backbone)
 form is the recurrence unrolled twice (S over M, M over the injections); the ``c`` matrix is one more
 ``[C, C] x [C, C]`` product a chunk.
 
+``chunk_diagonal_scan`` (LongHorn's state and MuonSSM-LongHorn's velocity: a decay per state entry, so no
+``[C, C]`` score matrix to share; ``pallas_kernels/linear_scan``)::
+
+    h_t = a_t * h_{t-1} + b_t  (elementwise);  S_C = A_C * S_0 + l_C,  A_C = prod_i a_i,  l_i = a_i * l_{i-1} + b_i
+
+``l`` (the chunk's own scan from a zero state) steps through the ``C`` positions of every chunk at once, one loop
+over chunks carries the entering states ``S_0``, and a second pass through the ``C`` positions, from each chunk's
+``S_0``, gives every ``h`` by the token scan's own update: ``2 C + T / C`` batched steps instead of ``T``, and
+only products of decays in ``(0, 1]`` (no ``e^{-G}``, no exponent of a difference).
+
 Padding (``valid [B, T]`` False) is a step that leaves every state as it was, exactly as the scans' ``keep_real``:
-at a padded step the decay is 1 (``g = 0``, the momentum's too), ``beta`` and the injection are 0 and the
+at a padded step the decay is 1 (``g = 0``, the momentum's and ``a`` too), ``beta`` and the injection are 0 and the
 momentum does not enter the state (``m = 0``). ``T`` need not be a multiple of ``C``: the tail is padded the
 same way and its outputs dropped. Every exponent is a difference ``G_i - G_j`` with ``j <= i`` (or ``G_i``), so
 ``<= 0``; masked entries are set to ``-inf`` before ``exp``. Gradients come from autograd through these
@@ -225,3 +235,44 @@ def chunk_momentum(q, k, w, beta, log_decay, log_gamma, state, momentum, valid=N
                     + momentum_keys[:, :, n].transpose(-1, -2) @ w[:, :, n])
         state = new_state
     return _finish(outputs, steps, w), state, momentum
+
+
+def _broadcasts(shape, target) -> bool:
+    try:
+        return torch.broadcast_shapes(shape, target) == target
+    except RuntimeError:
+        return False
+
+
+def chunk_diagonal_scan(decay, injection, state, valid=None, chunk_size=CHUNK_SIZE):
+    """``(h [B, T, ...], final state)`` of ``h_t = decay_t * h_{t-1} + injection_t`` elementwise (``injection
+    [B, T, ...]``, ``decay`` of its shape or broadcast to it, ``state [B, ...]`` float32; ``valid [B, T]``)."""
+    batch, steps, *entry = injection.shape
+    if list(state.shape) != [batch, *entry]:
+        raise ValueError(f"chunk_diagonal_scan: state must be [B, ...] = {[batch, *entry]}, got {list(state.shape)}")
+    if not _broadcasts(decay.shape, injection.shape):
+        raise ValueError(f"chunk_diagonal_scan: decay must be shaped as injection {list(injection.shape)} or "
+                         f"broadcast to it, got {list(decay.shape)}")
+    decay, injection = decay.float(), injection.float()
+    if valid is not None and not bool(valid.all()):  # (no full-size masks for a row without padding)
+        real = valid.reshape(batch, steps, *(1,) * len(entry))
+        decay, injection = torch.where(real, decay, 1.0), torch.where(real, injection, 0.0)
+    decay = decay.expand(injection.shape)
+    chunks = -(-steps // chunk_size)
+    if chunks * chunk_size != steps:
+        pad = (0, 0) * len(entry) + (0, chunks * chunk_size - steps)
+        decay, injection = F.pad(decay, pad, value=1.0), F.pad(injection, pad)
+    decay = decay.reshape(batch, chunks, chunk_size, *entry)  # [B, N, C, ...]
+    injection = injection.reshape(batch, chunks, chunk_size, *entry)
+    own = injection[:, :, 0]
+    for i in range(1, chunk_size):  # l_C: every chunk's scan from a zero state at once
+        own = decay[:, :, i] * own + injection[:, :, i]
+    through, state, entering = decay.prod(dim=2), state.float(), []  # A_C
+    for n in range(chunks):
+        entering.append(state)
+        state = through[:, n] * state + own[:, n]
+    h, states = torch.stack(entering, dim=1), []
+    for i in range(chunk_size):  # every chunk again, from its entering state
+        h = decay[:, :, i] * h + injection[:, :, i]
+        states.append(h)
+    return torch.stack(states, dim=2).reshape(batch, chunks * chunk_size, *entry)[:, :steps], state

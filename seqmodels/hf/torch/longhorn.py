@@ -5,8 +5,10 @@ Per token t (channels D, state N per channel)::
     u = silu(conv(W_u x)), k, q = W_k u, W_q u;  dt = sigmoid(W_up W_down u + t_bias);  T = dt / (1 + dt ||k||^2)
     h_t = (1 - T k^2) * h_{t-1} + (T u) k^T;  y = h_t q + D_skip u;  out = W_out(y * silu(z))
 
-The cache holds the convolution's last inputs and the state; a fresh (empty) dict starts a row. Padding
-(``positions`` -1) is skipped by the convolution and leaves the state unchanged.
+Calls of more than one token run the chunk form of the diagonal scan (``chunked.chunk_diagonal_scan``), one
+decoded token the recurrent step; ``scan_form`` picks (``chunked.ScanForm``). The cache holds the convolution's
+last inputs and the state; a fresh (empty) dict starts a row. Padding (``positions`` -1) is skipped by the
+convolution and leaves the state unchanged.
 """
 
 from __future__ import annotations
@@ -17,11 +19,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .chunked import ScanForm, chunk_diagonal_scan
 from .layers import ShortConv, real_tokens
 from .recurrences import cached_state, conv_with_cache, keep_real
 
 
-class LongHorn(nn.Module):
+class LongHorn(ScanForm, nn.Module):
     def __init__(self, model: dict):
         super().__init__()
         settings, width = model["longhorn"], model["d_model"]
@@ -53,6 +56,12 @@ class LongHorn(nn.Module):
     def recurrence(self, keep, written, k, cache, valid):
         """``h [B, T, D, N]``: ``h_t = keep_t * h_{t-1} + written_t k_t^T`` at real tokens, ``h_{t-1}`` at padding."""
         state = cached_state(cache, "state", (keep.shape[0], self.channels, self.state_dim), keep.device)
+        if self.chunked(keep.shape[1]):
+            states, state = chunk_diagonal_scan(keep, written[..., None] * k[:, :, None, :], state, valid,
+                                                chunk_size=self.chunk_size)
+            if cache is not None:
+                cache["state"] = state
+            return states
         states = []
         for t in range(keep.shape[1]):
             state = keep_real(valid, t, keep[:, t] * state + written[:, t, :, None] * k[:, t, None, :], state)

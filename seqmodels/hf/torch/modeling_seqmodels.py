@@ -4,13 +4,12 @@ the ``auto_map`` entry file of every ``model_type: seqmodels`` export.
     SeqmodelsForCausalLM                        the decoder LM over any list of mixers, and AHN (``lm``)
     SeqmodelsLoopedForSequenceClassification    the looped padded transformer (``looped``)
 
-Where the twins differ from the JAX model, and why: Gated DeltaNet, DeltaNet, Mamba2 and MuonSSM on those two
-run a chunk-parallel form for any call of more than one token (``chunked.py``) and their recurrent form for
-one decoded token (equal within float32 round-off); LongHorn, MuonSSM-LongHorn, Atlas and the AHN compressors
-run their recurrent form over the prompt too (one state update per token), a chunked form for them is not
-written yet. Attention scores and every recurrent state are float32 whatever the weights' dtype,
-and in a bfloat16 export Atlas's Newton-Schulz also runs in float32 (JAX: ``model.compute_dtype``
-operands with float32 accumulation).
+Where the twins differ from the JAX model, and why: Gated DeltaNet, DeltaNet, Mamba2, LongHorn and MuonSSM on
+those three run a chunk-parallel form for any call of more than one token (``chunked.py``) and their recurrent
+form for one decoded token (equal within float32 round-off); Atlas and the AHN compressors run their recurrent
+form over the prompt too (one state update per token), a chunked form for them is not written yet. Attention
+scores and every recurrent state are float32 whatever the weights' dtype, and in a bfloat16 export Atlas's
+Newton-Schulz also runs in float32 (JAX: ``model.compute_dtype`` operands with float32 accumulation).
 """
 
 from __future__ import annotations

@@ -7,8 +7,9 @@ Each backbone's injection U_t goes through a momentum of conditioned injections:
 with ns_scope all: one normalisation over every head (mamba2 / longhorn: the shared key, gated_deltanet:
 the block-diagonal injection), head: each head (longhorn: each group) alone. The cache holds the
 backbone's and the momentum's state; a padded step leaves both unchanged (the momentum does not decay).
-Calls of more than one token on the Gated DeltaNet and Mamba2 backbones run the chunk form of both scans
-(``chunked.chunk_momentum``), one decoded token the recurrent step; LongHorn's stays token by token.
+Calls of more than one token run the chunk form of both scans (Gated DeltaNet and Mamba2:
+``chunked.chunk_momentum``; LongHorn, whose decay is per state entry: ``chunked.chunk_diagonal_scan`` over the
+velocity, then over the state), one decoded token the recurrent step.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import math
 
 import torch
 
-from .chunked import chunk_momentum
+from .chunked import chunk_diagonal_scan, chunk_momentum
 from .deltanet import DeltaNet
 from .longhorn import LongHorn
 from .mamba2 import Mamba2
@@ -122,6 +123,14 @@ class MuonSSMLongHorn(LongHorn):
             return LongHorn.recurrence(self, keep, written, k, cache, valid)
         shape = (keep.shape[0], self.channels, self.state_dim)
         state, velocity = (cached_state(cache, name, shape, keep.device) for name in ("state", "velocity"))
+        if self.chunked(keep.shape[1]):
+            injection = written[..., None] * k[:, :, None, :]
+            velocities, velocity = chunk_diagonal_scan(torch.tensor(self.gamma, device=keep.device), injection,
+                                                       velocity, valid, chunk_size=self.chunk_size)
+            states, state = chunk_diagonal_scan(keep, velocities, state, valid, chunk_size=self.chunk_size)
+            if cache is not None:
+                cache.update(state=state, velocity=velocity)
+            return states
         states = []
         for t in range(keep.shape[1]):
             new_velocity = self.gamma * velocity + written[:, t, :, None] * k[:, t, None, :]

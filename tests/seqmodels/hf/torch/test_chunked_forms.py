@@ -1,7 +1,8 @@
 """The twins' chunk-parallel forms (``seqmodels.hf.torch.chunked``) equal their token-by-token scans: outputs,
 final states and gradients, at T = 37 over chunks of 16 (not a multiple), from a non-zero state, with a left- and a
-right-padded row; and whole exported models give the recurrent form's logits chunked, and decode on from a
-chunked prefill as from a recurrent one.
+right-padded row; LongHorn's and MuonSSM-LongHorn's diagonal scans likewise, over chunks that do and do not divide
+T; and whole exported models give the recurrent form's logits chunked, and decode on from a chunked prefill as
+from a recurrent one.
 
 Tolerances (float32, max abs): 1e-5 on outputs and states of O(1) and on their gradients; the two forms sum the
 same terms in another order (the triangular solve against forward substitution), so only round-off differs.
@@ -16,7 +17,8 @@ from export_parity import BASE_CONFIG, load_torch, random_params, tiny_config
 
 TOLERANCE = 1e-5
 BATCH, LENGTH, HEADS, KEY, VALUE, CHUNK = 2, 37, 3, 8, 5, 16
-CHUNKED_MIXERS = ("deltanet", "gated_deltanet", "mamba2", "muonssm_gated_deltanet", "muonssm_mamba2")
+CHUNKED_MIXERS = ("deltanet", "gated_deltanet", "mamba2", "muonssm_gated_deltanet", "muonssm_mamba2", "longhorn",
+                  "muonssm_longhorn")
 
 
 def _inputs(seed: int = 0):
@@ -103,11 +105,67 @@ def test_chunked_matches_recurrent_in_outputs_final_state_and_gradients_on_padde
         assert float((a - b).abs().max()) < TOLERANCE, (key, float((a - b).abs().max()))
 
 
+def _longhorn_twin(mixer: str):
+    """The PyTorch LongHorn / MuonSSM-LongHorn twin at the base config's settings, gamma 0.7 (d_model 64: D = 128
+    channels of state 16, as the exported models)."""
+    from seqmodels.hf.remote_code import hf_config_from_model
+    from seqmodels.hf.torch.mixers import MIXERS
+    config = tiny_config(BASE_CONFIG)
+    config = dataclasses.replace(config, mixers=(mixer,), muonssm=dataclasses.replace(config.muonssm, gamma=0.7))
+    return MIXERS[mixer](hf_config_from_model(config, torch_dtype="float32")["model"])
+
+
+def _longhorn_inputs(twin, length: int):
+    """``keep`` in [0.5, 1), ``written`` and ``k`` as the mixer forms them, non-zero entering caches, and the validity
+    of a left-padded (5) and a right-padded (7) row."""
+    import torch
+    generator = torch.Generator().manual_seed(length)
+    normal = lambda *shape: torch.randn(*shape, generator=generator)  # noqa: E731
+    shape = (BATCH, twin.channels, twin.state_dim)
+    valid = torch.ones(BATCH, length, dtype=torch.bool)
+    valid[0, :5], valid[1, -7:] = False, False
+    return dict(keep=1.0 - 0.5 * torch.rand(BATCH, length, *shape[1:], generator=generator),
+                written=normal(BATCH, length, twin.channels), k=normal(BATCH, length, twin.state_dim) / 2,
+                state=normal(*shape), velocity=normal(*shape)), valid
+
+
+@pytest.mark.parametrize("mixer", ["longhorn", "muonssm_longhorn"])
+@pytest.mark.parametrize("length, chunk_size", [(37, 16), (48, 16), (37, 64)], ids=["ragged", "dividing", "one-chunk"])
+def test_longhorn_chunked_scan_matches_recurrent_in_states_caches_and_gradients_on_padded_rows(mixer, length,
+                                                                                                chunk_size):
+    """The twin's ``recurrence`` (states ``[B, T, D, N]`` and the caches it leaves) in both scan forms, from
+    non-zero entering caches; MuonSSM's injection scale and velocity included."""
+    import torch
+
+    from seqmodels.hf.torch.chunked import set_scan_form
+    twin = _longhorn_twin(mixer)
+    inputs, valid = _longhorn_inputs(twin, length)
+    names = ("state", "velocity") if mixer == "muonssm_longhorn" else ("state",)
+    differentiated = ("keep", "written", "k", *names)
+    results, gradients = [], []
+    for form in ("recurrent", "chunked"):
+        assert set_scan_form(twin, form, chunk_size=chunk_size) == 1
+        x = {key: value.clone().requires_grad_(key in differentiated) for key, value in inputs.items()}
+        cache = {name: x[name] for name in names}
+        states = twin.recurrence(x["keep"], x["written"], x["k"], cache, valid)
+        outputs = (states, *(cache[name] for name in names))
+        weights = [torch.randn(out.shape, generator=torch.Generator().manual_seed(i)) for i, out in enumerate(outputs)]
+        loss = sum((w * out).sum() for w, out in zip(weights, outputs))
+        gradients.append(torch.autograd.grad(loss, [x[key] for key in differentiated]))
+        results.append(outputs)
+    assert all(float(out.detach().abs().max()) > 0.1 for out in results[0])  # O(1), not zeros
+    for a, b in zip(*results):
+        assert float((a - b).abs().max()) < TOLERANCE, float((a - b).abs().max())
+    for key, a, b in zip(differentiated, *gradients):
+        assert float(a.abs().max()) > 1e-3, key  # the gradient reaches every input
+        assert float((a - b).abs().max()) < TOLERANCE, (key, float((a - b).abs().max()))
+
+
 def test_a_padded_step_of_the_chunk_form_leaves_the_state_unchanged():
     """A row that is all padding keeps its entering state and momentum exactly (decay 1, input 0)."""
     import torch
 
-    from seqmodels.hf.torch.chunked import chunk_delta_rule, chunk_momentum
+    from seqmodels.hf.torch.chunked import chunk_delta_rule, chunk_diagonal_scan, chunk_momentum
     x, _ = _inputs()
     valid = torch.zeros(BATCH, LENGTH, dtype=torch.bool)
     _, state = chunk_delta_rule(x["q"], x["k"], x["v"], x["beta"], x["log_decay"], x["state"], valid, chunk_size=CHUNK)
@@ -116,17 +174,24 @@ def test_a_padded_step_of_the_chunk_form_leaves_the_state_unchanged():
                                         x["momentum"], valid, chunk_size=CHUNK)
     torch.testing.assert_close(state, x["state"], rtol=0, atol=0)
     torch.testing.assert_close(momentum, x["momentum"], rtol=0, atol=0)
+    decay, injection = torch.rand(BATCH, LENGTH, KEY, VALUE), torch.randn(BATCH, LENGTH, KEY, VALUE)
+    _, state = chunk_diagonal_scan(decay, injection, x["state"][:, 0], valid, chunk_size=CHUNK)
+    torch.testing.assert_close(state, x["state"][:, 0], rtol=0, atol=0)
 
 
 def test_chunk_forms_refuse_mismatched_shapes_and_unknown_scan_forms():
     import torch
 
-    from seqmodels.hf.torch.chunked import chunk_delta_rule, set_scan_form
+    from seqmodels.hf.torch.chunked import chunk_delta_rule, chunk_diagonal_scan, set_scan_form
     x, _ = _inputs()
     with pytest.raises(ValueError, match=r"state must be \[B, H, K, V\] = \[2, 3, 8, 5\]"):
         chunk_delta_rule(x["q"], x["k"], x["v"], x["beta"], x["log_decay"], x["state"][:, :1])
     with pytest.raises(ValueError, match=r"log_decay must be \[B, T, H\]"):
         chunk_delta_rule(x["q"], x["k"], x["v"], x["beta"], x["log_decay"][:, :3], x["state"])
+    with pytest.raises(ValueError, match=r"state must be \[B, \.\.\.\] = \[2, 3, 8, 5\]"):
+        chunk_diagonal_scan(x["q"][..., None], x["q"][..., None].expand(-1, -1, -1, -1, 5), x["state"][:, :1])
+    with pytest.raises(ValueError, match=r"decay must be shaped as injection \[2, 37, 3, 8\] or broadcast to it"):
+        chunk_diagonal_scan(x["q"][:, :3], x["q"], x["state"][..., 0])
     with pytest.raises(ValueError, match="scan form 'parallel' is not one of auto, chunked, recurrent"):
         set_scan_form(torch.nn.Linear(2, 2), "parallel")
 

@@ -1,35 +1,51 @@
 """Load an export in whatever ``transformers`` this interpreter has and measure it against the JAX model's numbers.
 
-``python transformers_version_check.py DIR EXPECTED.npz [LOOPED_DIR LOOPED.npz]`` prints a line ``result: JSON``:
+``python transformers_version_check.py DIR EXPECTED.npz [LOOPED_DIR LOOPED.npz]`` prints a line ``result: JSON``
+(DIR: a seqmodels remote-code export or one as transformers' own ``Mamba2ForCausalLM``):
 the transformers version, the class loaded, the max abs difference of the logits (whole rows and decoded
 from the cache) from the expected ones, whether the greedy tokens equal the expected ones, whether a
 left-padded batch generates what each row generates alone, and whether ``AutoTokenizer`` gives the
 byte-level ids; with a looped export, the max abs difference of its vocabulary logits
 (``AutoModelForSequenceClassification``) from the expected ones. It imports torch, transformers and numpy
 only (no seqmodels, no JAX): it runs in the test's separate environments, one per transformers version
-(``test_transformers_versions.py``).
+(``test_transformers_versions.py``). What differs between versions is found in the objects, never assumed from a
+version number: the name of the cache in an output and in ``forward``'s arguments, and whether ``forward`` takes
+the ``cache_position`` that transformers 4's ``Mamba2ForCausalLM`` needs beside a cache.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import sys
 
 import numpy as np
 
 RESULT = "result: "  # the line of stdout that holds the JSON
+CACHE_NAMES = ("cache", "cache_params", "past_key_values")  # in the order a forward taking several is passed it
 
 
 def cache_of(output):
-    """The cache an output carries, under the field name of this transformers (``cache`` or ``past_key_values``)."""
-    return next(output[name] for name in ("cache", "past_key_values") if name in output)
+    """The cache an output carries, under the field name of this transformers and model (``CACHE_NAMES``)."""
+    return next(output[name] for name in CACHE_NAMES if name in output)
+
+
+def cache_arguments(model, output, position: int) -> dict:
+    """``output``'s cache under the name ``model.forward`` takes it by, and ``cache_position`` (the position of the
+    next token) where ``forward`` takes one."""
+    import torch
+    parameters = inspect.signature(model.forward).parameters
+    arguments = {next(name for name in CACHE_NAMES if name in parameters): cache_of(output)}
+    if "cache_position" in parameters:
+        arguments["cache_position"] = torch.tensor([position])
+    return arguments
 
 
 def cached_logits(model, tokens, prompt: int):
     output = model(tokens[:, :prompt], use_cache=True)
     steps = [output.logits]
     for t in range(prompt, tokens.shape[1]):
-        output = model(tokens[:, t:t + 1], cache=cache_of(output), use_cache=True)
+        output = model(tokens[:, t:t + 1], use_cache=True, **cache_arguments(model, output, t))
         steps.append(output.logits)
     return np.concatenate([step.numpy() for step in steps], axis=1)
 
