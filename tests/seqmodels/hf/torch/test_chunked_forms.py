@@ -18,7 +18,14 @@ from export_parity import BASE_CONFIG, load_torch, random_params, tiny_config
 TOLERANCE = 1e-5
 BATCH, LENGTH, HEADS, KEY, VALUE, CHUNK = 2, 37, 3, 8, 5, 16
 CHUNKED_MIXERS = ("deltanet", "gated_deltanet", "mamba2", "muonssm_gated_deltanet", "muonssm_mamba2", "longhorn",
-                  "muonssm_longhorn")
+                  "muonssm_longhorn", "atlas", "atlas_mag")
+# Atlas's settings that change its chunk form's terms: configs/atlas.yaml (deep memory, degree-2 features,
+# Newton-Schulz, eta on the update), Titans (no features, no Newton-Schulz), OmegaNet, and a linear memory
+# with memory_norm and eta on the gradient. That last one without Newton-Schulz: 5 steps of its backward on
+# one [F, D] matrix amplify float32 round-off: the two forms' gradients differ by ~3e-4 (relative, in norm) on
+# the first layer's gate bias with them, 2e-7 without, so the Newton-Schulz gradients are checked on the deep memory's two matrices.
+ATLAS_VARIANTS = {"atlas": {}, "titans": {}, "omeganet": {},
+                  "linear_memory_norm": dict(memory_depth=1, memory_norm=True, eta_scales="gradient", ns_steps=0)}
 
 
 def _inputs(seed: int = 0):
@@ -226,3 +233,48 @@ def test_an_exported_model_gives_the_recurrent_logits_chunked_and_decodes_on_fro
     assert float(recurrent.abs().max()) > 1.0  # the tolerance is absolute on O(1) logits
     assert float((chunked - recurrent).abs().max()) < TOLERANCE
     assert float((decoded - recurrent).abs().max()) < TOLERANCE
+
+
+@pytest.mark.parametrize("variant", sorted(ATLAS_VARIANTS))
+def test_atlas_chunked_gives_the_recurrent_logits_and_parameter_gradients(tmp_path, variant):
+    """Two Atlas layers over 37 tokens (memory chunks of 16: two whole and one partial; one row left-, one right-
+    padded): the chunk-parallel form's logits and every parameter's gradient equal the token-by-token form's, and
+    so do the logits of calls of 21, 7 and 9 tokens from the cache (chunked calls that start and end inside a
+    memory chunk: the Omega window and the chunk's base memory come from the cache)."""
+    import torch
+
+    from seqmodels.hf.export import export_model
+    from seqmodels.hf.torch.chunked import set_scan_form
+    from seqmodels.hf.torch.lm import CACHE_FIELD
+    config = tiny_config(BASE_CONFIG.with_name(f"{variant if variant != 'linear_memory_norm' else 'atlas'}.yaml"))
+    config = dataclasses.replace(config, mixers=("atlas", "atlas"),
+                                 atlas=dataclasses.replace(config.atlas, **ATLAS_VARIANTS[variant]))
+    model = load_torch(export_model(config, random_params(config), tmp_path / "hf"))
+    ids = torch.as_tensor(np.random.default_rng(0).integers(0, config.vocab_size, size=(2, LENGTH)))
+    mask = torch.ones_like(ids)
+    mask[0, :4], mask[1, -6:] = 0, 0
+    weights = torch.randn(2, LENGTH, config.vocab_size, generator=torch.Generator().manual_seed(0))
+    results = []
+    for form in ("recurrent", "auto"):
+        assert set_scan_form(model, form) == 2
+        model.zero_grad()
+        logits = model(ids, attention_mask=mask).logits
+        (weights * logits * mask[..., None]).sum().backward()
+        results.append((logits.detach(), {name: p.grad.clone() for name, p in model.named_parameters()
+                                          if p.grad is not None}))
+    (recurrent, recurrent_grads), (chunked, chunked_grads) = results
+    assert float(recurrent.abs().max()) > 1.0
+    assert float((chunked - recurrent).abs().max()) < TOLERANCE
+    with torch.no_grad():
+        parts, output = [], None
+        for start, end in ((0, 21), (21, 28), (28, LENGTH)):
+            cache = {} if output is None else {CACHE_FIELD: getattr(output, CACHE_FIELD)}
+            output = model(ids[:, start:end], attention_mask=mask[:, :end], use_cache=True, **cache)
+            parts.append(output.logits)
+    assert float((torch.cat(parts, dim=1) - recurrent).abs().max()) < TOLERANCE
+    memory_grads = [name for name in recurrent_grads if "initial_memory" in name or "gates" in name]
+    assert memory_grads and all(float(recurrent_grads[name].abs().max()) > 1e-3 for name in memory_grads)
+    assert recurrent_grads.keys() == chunked_grads.keys()
+    for name, gradient in recurrent_grads.items():
+        scale = max(1.0, float(gradient.abs().max()))
+        assert float((chunked_grads[name] - gradient).abs().max()) < TOLERANCE * scale, name
