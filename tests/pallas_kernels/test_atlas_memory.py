@@ -606,9 +606,11 @@ def split_value_and_grads(impl, settings: AtlasSettings, split: int):
     return jax.jit(jax.value_and_grad(objective, argnums=(0, 1), has_aux=True))
 
 
+# 10-37 s each on 2 busy cores (three compiles of the forward and backward); the linear case stays fast.
 @pytest.mark.parametrize("impl", ["xla", "reference"])
-@pytest.mark.parametrize("case", ["deep-p2-c3-b4-k5", "linear-p1-c6-b4-k0", "deep-p1-c1-b4-k0-clip",
-                                  "chunk:deep-c3-b4-k5-update"])
+@pytest.mark.parametrize("case", ["linear-p1-c6-b4-k0"] + [
+    pytest.param(name, marks=pytest.mark.slow)
+    for name in ("deep-p2-c3-b4-k5", "deep-p1-c1-b4-k0-clip", "chunk:deep-c3-b4-k5-update")])
 def test_a_row_split_at_a_chunk_boundary_continues_from_the_first_parts_state(case, impl):
     """Splits after 4 tokens (row 0's second document crosses it) and after 8 (row 0's third starts there):
     the two parts, the second from the first's state, give the whole row's outputs and gradients."""
