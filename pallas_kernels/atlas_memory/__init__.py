@@ -56,7 +56,11 @@ chunk-parallel form around ``linear_scan`` and ``newton_schulz``, whose own ``im
 value), ``pallas`` (the chunk-parallel form on the Pallas ``linear_scan`` / ``newton_schulz``
 kernels; no fused Atlas kernel yet), ``auto`` (each composed op's own choice: on TPU the Mosaic
 Newton-Schulz kernel and the ``xla`` scans).
-``atlas_memory_step`` advances a decoding state by the given tokens, one at a time.
+``atlas_memory_step`` advances a decoding state by the given tokens, one at a time. ``atlas_memory``
+also starts from such a state (``initial_state``) and returns the one after the row (``return_state``),
+on the chunk grid, in every form: a row split at a chunk boundary runs as its two parts, the second
+from the first's state (memory, momentum and the window's last ``c - 1`` tokens), with its outputs
+and gradients.
 
 Shapes: ``phi_k, phi_q [B, T, H, F]``, ``values [B, T, H, V]``, gates ``[B, T, H]``, ``segment_ids
 [B, T]``; ``initial_memory`` one ``[H, m, n]`` array per weight matrix of ``MemoryLayout.shapes``;
@@ -66,6 +70,7 @@ outputs ``y [B, T, H, V]`` float32. ``partition_spec`` gives how ``[B, T, H, ...
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 from pallas_kernels import _common
@@ -95,7 +100,8 @@ def _check(inputs, initial_memory, settings, partition_spec) -> None:
 
 
 def atlas_memory(inputs: AtlasInputs, initial_memory: tuple, settings: AtlasSettings, *, impl: str = "auto",
-                 partition_spec: PartitionSpec | None = None, return_memory: bool = False):
+                 partition_spec: PartitionSpec | None = None, return_memory: bool = False,
+                 initial_state: dict | None = None, continues=None, return_state: bool = False):
     """Outputs ``y [B, T, H, V]`` (float32) of the recurrence over whole rows (module docstring).
 
     Args:
@@ -107,14 +113,31 @@ def atlas_memory(inputs: AtlasInputs, initial_memory: tuple, settings: AtlasSett
       partition_spec: how the ``[B, T, H, ...]`` inputs are sharded, e.g. ``P(("data", "fsdp"), None, "tensor")``.
       return_memory: also return ``M_T``, the memory after each row's last position (one
         ``[B, H, m, n]`` float32 array per weight matrix): ``(y, M_T)``.
+      initial_state: a state of ``init_state``'s form (as ``atlas_memory_step`` or ``return_state`` gives it)
+        to continue from, on the chunk grid (its position a multiple of ``chunk_size``), instead of
+        ``init_state``: a row split at a chunk boundary runs as its halves, the second from the first's state.
+      continues: ``[B]`` bool, with ``initial_state``: the row's first token continues the state's document
+        (default: every row does, as in ``atlas_memory_step``); where it does not, it starts a new one.
+      return_state: also return the state after the row (last of the returned tuple): ``(y, state)`` or
+        ``(y, M_T, state)``; it needs T to be a multiple of ``chunk_size``.
     """
     _check(inputs, initial_memory, settings, partition_spec)
+    batch, length = inputs.segment_ids.shape
+    if return_state and length % settings.chunk_size:
+        raise ValueError(f"return_state needs rows of a multiple of chunk_size={settings.chunk_size} tokens (a state "
+                         f"to continue from lies on the chunk grid), got {length}")
+    if initial_state is not None:
+        continues = jnp.ones((batch,), bool) if continues is None else jnp.asarray(continues, bool)
+        if continues.shape != (batch,):
+            raise ValueError(f"continues must have shape [B] = {(batch,)}, got {tuple(continues.shape)}")
     impl = _checked_impl(impl)  # passed on unresolved: auto on TPU is the Mosaic Newton-Schulz but the XLA scan
     if impl == "reference":
-        y, memory = reference.reference(inputs, initial_memory, settings)
+        y, memory, state = reference.reference(inputs, initial_memory, settings, initial_state, continues)
     else:
-        y, memory = xla.chunked(inputs, initial_memory, settings, impl=impl, partition_spec=partition_spec)
-    return (y, memory) if return_memory else y
+        y, memory, state = xla.chunked(inputs, initial_memory, settings, impl=impl, partition_spec=partition_spec,
+                                       initial_state=initial_state, continues=continues, return_state=return_state)
+    extras = (memory,) * return_memory + (state,) * return_state
+    return (y, *extras) if extras else y
 
 
 def atlas_memory_step(state: dict, inputs: AtlasInputs, initial_memory: tuple, settings: AtlasSettings, *,

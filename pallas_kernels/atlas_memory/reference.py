@@ -134,11 +134,18 @@ def run_steps(state: dict, inputs: AtlasInputs, initial_memory: tuple, settings:
     return state, jnp.moveaxis(outputs, 0, 1)
 
 
-def reference(inputs: AtlasInputs, initial_memory: tuple, settings: AtlasSettings) -> tuple[jax.Array, tuple]:
-    """``(y [B, T, H, V], M_T)`` token by token, Newton–Schulz by its reference implementation; ``M_T`` the
+def reference(inputs: AtlasInputs, initial_memory: tuple, settings: AtlasSettings, initial_state: dict | None = None,
+              continues: jax.Array | None = None) -> tuple[jax.Array, tuple, dict]:
+    """``(y [B, T, H, V], M_T, state)`` token by token, Newton–Schulz by its reference implementation; ``M_T`` the
     memory after the last token, one ``[B, H, m, n]`` per weight matrix (under ``ns_granularity = "chunk"``
-    with a last chunk that ends early settled there: ``settled_memory``)."""
+    with a last chunk that ends early settled there: ``settled_memory``), ``state`` the state after it.
+
+    From ``initial_state`` (None: ``init_state``) the first token continues the state's document where
+    ``continues [B]`` holds, and starts a new one elsewhere."""
     starts, valid = document_flags(inputs.segment_ids)
-    state = init_state(inputs.segment_ids.shape[0], initial_memory, settings)
-    state, y = run_steps(state, inputs, initial_memory, settings, starts, valid, impl="reference")
-    return y, settled_memory(state, settings, impl="reference")
+    if initial_state is None:
+        initial_state = init_state(inputs.segment_ids.shape[0], initial_memory, settings)
+    else:
+        starts = starts.at[:, 0].set(~continues)
+    state, y = run_steps(initial_state, inputs, initial_memory, settings, starts, valid, impl="reference")
+    return y, settled_memory(state, settings, impl="reference"), state

@@ -48,16 +48,22 @@ from pallas_kernels.linear_scan import linear_scan
 
 
 def chunked(inputs: AtlasInputs, initial_memory: tuple, settings: AtlasSettings, *, impl: str,
-            partition_spec: PartitionSpec | None) -> tuple[jax.Array, tuple]:
-    """``(y [B, T, H, V], M_T)``: outputs (float32) of the recurrence, chunk-parallel (module docstring),
-    and the memory after the row's last position, one ``[B, H, m, n]`` per weight matrix.
+            partition_spec: PartitionSpec | None, initial_state: dict | None = None,
+            continues: jax.Array | None = None, return_state: bool = False) -> tuple[jax.Array, tuple, dict | None]:
+    """``(y [B, T, H, V], M_T, state)``: outputs (float32) of the recurrence, chunk-parallel (module docstring),
+    the memory after the row's last position, one ``[B, H, m, n]`` per weight matrix, and with
+    ``return_state`` the decoding state after it (``reference.init_state``'s form; else None).
 
-    ``initial_memory``: ``M_0`` as one ``[H, m, n]`` array per weight matrix.
+    ``initial_memory``: ``M_0`` as one ``[H, m, n]`` array per weight matrix. ``initial_state``: a decoding
+    state on the chunk grid to start from (None: ``M_0``, no momentum, an empty window), whose document the
+    first token continues where ``continues [B]`` holds; ``return_state`` needs T a multiple of b.
     """
     batch, length = inputs.segment_ids.shape
     size, history = settings.chunk_size, settings.window - 1
     starts, valid = document_flags(inputs.segment_ids)
-    document = jnp.cumsum(starts, axis=1, dtype=jnp.int32)
+    if initial_state is not None:
+        starts = starts.at[:, 0].set(~continues)
+    document = jnp.cumsum(starts, axis=1, dtype=jnp.int32)  # a continued document is 0
     gamma = inputs.gamma * valid[..., None]
     # Padding after the row keeps the memory (alpha 1; eta and gamma 0 add nothing), so the carry
     # after the last chunk is the memory after the row's last position.
@@ -77,17 +83,55 @@ def chunked(inputs: AtlasInputs, initial_memory: tuple, settings: AtlasSettings,
 
     heads = inputs.phi_k.shape[2]
     layout = settings.layout
-    carry = (pack(broadcast_memory(initial_memory, batch), 2),
-             jnp.zeros((batch, heads, layout.size), jnp.float32),
-             jnp.zeros((batch, history, heads, layout.feature_dim), jnp.float32),
-             jnp.zeros((batch, history, heads, layout.value_dim), jnp.float32),
-             jnp.zeros((batch, history, heads), jnp.float32),
-             jnp.full((batch, history), -1, jnp.int32))
+    if initial_state is None:
+        carry = (pack(broadcast_memory(initial_memory, batch), 2),
+                 jnp.zeros((batch, heads, layout.size), jnp.float32),
+                 jnp.zeros((batch, history, heads, layout.feature_dim), jnp.float32),
+                 jnp.zeros((batch, history, heads, layout.value_dim), jnp.float32),
+                 jnp.zeros((batch, history, heads), jnp.float32),
+                 jnp.full((batch, history), -1, jnp.int32))
+    else:
+        carry = _carry_from_state(initial_state, continues, history)
     body = jax.checkpoint(functools.partial(_chunk, initial_memory=initial_memory, settings=settings, impl=impl,
                                             specs=_kernel_specs(partition_spec), gain=inputs.norm_gain))
-    (memory, *_), outputs = jax.lax.scan(body, carry, tuple(to_chunks(x) for x in per_token))
+    carry, outputs = jax.lax.scan(body, carry, tuple(to_chunks(x) for x in per_token))
     outputs = jnp.moveaxis(outputs, 0, 1)
-    return outputs.reshape(batch, num_chunks * size, *outputs.shape[3:])[:, :length], unpack(memory, layout)
+    outputs = outputs.reshape(batch, num_chunks * size, *outputs.shape[3:])[:, :length]
+    state = None
+    if return_state:
+        position = length + (0 if initial_state is None else initial_state["position"])
+        state = _state_from_carry(carry, document[:, -1], position, settings)
+    return outputs, unpack(carry[0], layout), state
+
+
+def _carry_from_state(state: dict, continues: jax.Array, history: int) -> tuple:
+    """The chunk scan's carry from a decoding state on the chunk grid: the packed memory and momentum and
+    the window's last ``c - 1`` entries (the state's window holds only its last document's tokens, zeros
+    before), of document 0, the continued one, where ``continues [B]`` holds and of none (-1) elsewhere."""
+    window = tuple(state[name][:, state[name].shape[1] - history:]
+                   for name in ("window_keys", "window_values", "window_weights"))
+    documents = jnp.broadcast_to(jnp.where(continues, 0, -1)[:, None], (continues.shape[0], history))
+    return (pack(state["memory"], 2), pack(state["momentum"], 2), *window, documents.astype(jnp.int32))
+
+
+def _state_from_carry(carry: tuple, last_document: jax.Array, position, settings: AtlasSettings) -> dict:
+    """The decoding state (``reference.init_state``'s form) of a carry at a chunk boundary: the window keeps
+    the carried tokens of the last token's document (``last_document [B]``) after one empty entry (the
+    oldest, which the next token drops); the chunk's memory and the read memory are the memory itself."""
+    memory, momentum, keys, values, weights, documents = carry
+    current = documents == last_document[:, None]  # [B, c - 1]
+
+    def window(x):
+        kept = jnp.where(current.reshape(*current.shape, *(1,) * (x.ndim - 2)), x, 0.0)
+        return jnp.concatenate([jnp.zeros((x.shape[0], 1, *x.shape[2:]), x.dtype), kept], axis=1)
+
+    memory = unpack(memory, settings.layout)
+    state = {"memory": memory, "chunk_memory": memory, "momentum": unpack(momentum, settings.layout),
+             "window_keys": window(keys), "window_values": window(values), "window_weights": window(weights),
+             "position": jnp.asarray(position, jnp.int32)}
+    if settings.ns_granularity == "chunk":
+        state.update(read_memory=memory, ns_scale=jnp.zeros(memory[0].shape[:2], jnp.float32))
+    return state
 
 
 def _window_gradients(memory, window, initial_memory, layout, clip, gain):

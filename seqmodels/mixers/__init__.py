@@ -5,7 +5,7 @@ import importlib
 import pkgutil
 
 from seqmodels.mixers.registry import (MIXERS, SECTIONS, Mixer, build_mixer, check_context_parallel,  # noqa: F401
-                                       check_mixer_names,
+                                       check_mixer_names, context_parallel_notes,
                                        mixer_flops_per_token, register, register_section)
 
 

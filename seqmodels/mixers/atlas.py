@@ -49,6 +49,13 @@ decoded stream: the cache keeps the position, the linearised read memory and the
 Special cases (``model.atlas``): **Titans** is ``window = 1, poly_degree = 1, ns_steps = 0``
 (``configs/titans.yaml``); **OmegaNet** is ``ns_steps = 0`` with ``window > 1``.
 
+Context parallelism (``mesh.context = C``). The memory update is nonlinear across chunks (gradients at
+the memory itself, Newton-Schulz), so the C shards of a row run in sequence, shard c from the memory,
+momentum and Omega window that shard c - 1 leaves (``seqmodels.layers.sequential_passing``); the short
+conv takes a halo. Each device computes its shard once, but the layer's memory op takes C times one
+shard's time (the whole row's on one device), with C state ppermutes per direction; the training run logs
+it. ``T / C`` must be a multiple of ``chunk_size``, so the shards' chunks are the row's.
+
 Diagnostics. Each call of the training forward sows (``nnx.Intermediate`` ``atlas_diagnostics``,
 collected only under ``nnx.capture``; ``seqmodels.training.diagnostics``) scalars computed from its
 own intermediates, without gradient: ``memory_norm`` (mean over rows and heads of ``||M_T||_F``,
@@ -112,8 +119,10 @@ from pallas_kernels.atlas_memory import (AtlasInputs, AtlasSettings, MemoryLayou
 from seqmodels.config_base import NsCoefficients, _require, _require_at_least, _require_choices, describe
 from seqmodels.config_model import ModelConfigBase
 from seqmodels.layers.common import Dense, DenseOut, constant_param, param
+from seqmodels.layers.context import sequence_is_split
 from seqmodels.layers.conv import ShortConv
 from seqmodels.layers.norms import RMSNorm
+from seqmodels.layers.sequential_passing import split_atlas_memory
 from seqmodels.mixers.registry import register, register_section
 from seqmodels.sharding import constrain, kernel_spec
 
@@ -319,7 +328,10 @@ class Atlas(nnx.Module):
         initial = tuple(w.get_value() for w in self.initial_memory)
         run = dict(impl=self.impl, partition_spec=kernel_spec(("batch", None, "heads", None), inputs.phi_k.shape))
         if cache is None:
-            y, final_memory = atlas_memory(inputs, initial, self.settings, return_memory=True, **run)
+            if sequence_is_split(x.shape[1]):  # shards in sequence: seqmodels.layers.sequential_passing
+                y, final_memory = split_atlas_memory(inputs, initial, self.settings, impl=self.impl)
+            else:
+                y, final_memory = atlas_memory(inputs, initial, self.settings, return_memory=True, **run)
             self.sow(nnx.Intermediate, "atlas_diagnostics", memory_diagnostics(inputs, y, final_memory),
                      capture_noop=True)
         else:
@@ -368,4 +380,8 @@ def atlas_flops(config: ModelConfigBase, seq_len: int) -> float:
     return projections + heads * memory_flops_per_token(atlas_settings(config))
 
 
-register("atlas", lambda config, rngs: Atlas(config, rngs=rngs), atlas_flops, sections=("atlas",))
+# The split form (seqmodels.layers.sequential_passing): the shards' memory ops run one after another.
+CONTEXT_NOTE = ("runs the Atlas memory's {context} shards in sequence, each from the state the previous one "
+                "leaves ({context}x one shard's memory-op time per layer, {context} state ppermutes)")
+register("atlas", lambda config, rngs: Atlas(config, rngs=rngs), atlas_flops, sections=("atlas",),
+         context_parallel=True, context_note=CONTEXT_NOTE)

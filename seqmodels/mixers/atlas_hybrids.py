@@ -12,7 +12,8 @@ both in residual form inside one mixer (the block adds x back):
     y = m + SWA(RMSNorm(x + m))                   so  x + y = (x + m) + SWA(RMSNorm(x + m))
 
 SWA is the ``swa`` mixer (``model.swa.window`` and ``num_sinks``); Atlas the ``atlas`` mixer
-(``model.atlas``). Decoding caches hold both branches' caches.
+(``model.atlas``). Decoding caches hold both branches' caches. With the sequence split over
+``mesh.context`` each branch runs its own split form (the memory's shards in sequence, the window by a halo).
 
 FLOPs per token: the two mixers' formulas, plus ``2 d_model^2`` for the MAG gate.
 """
@@ -26,7 +27,7 @@ from flax import nnx
 from seqmodels.config_model import ModelConfigBase
 from seqmodels.layers.common import Dense
 from seqmodels.layers.norms import RMSNorm
-from seqmodels.mixers.atlas import Atlas, atlas_flops
+from seqmodels.mixers.atlas import CONTEXT_NOTE, Atlas, atlas_flops
 from seqmodels.mixers.attention import Attention
 from seqmodels.mixers.registry import mixer_flops_per_token, register
 
@@ -86,6 +87,8 @@ def _hybrid_flops(config: ModelConfigBase, seq_len: int, gate: bool) -> float:
 
 
 register("atlas_mag", lambda config, rngs: AtlasMAG(config, rngs=rngs),
-         lambda config, seq_len: _hybrid_flops(config, seq_len, gate=True), sections=HYBRID_SECTIONS)
+         lambda config, seq_len: _hybrid_flops(config, seq_len, gate=True), sections=HYBRID_SECTIONS,
+         context_parallel=True, context_note=CONTEXT_NOTE)
 register("atlas_mal", lambda config, rngs: AtlasMAL(config, rngs=rngs),
-         lambda config, seq_len: _hybrid_flops(config, seq_len, gate=False), sections=HYBRID_SECTIONS)
+         lambda config, seq_len: _hybrid_flops(config, seq_len, gate=False), sections=HYBRID_SECTIONS,
+         context_parallel=True, context_note=CONTEXT_NOTE)

@@ -23,7 +23,9 @@ Every module of ``seqmodels.mixers`` is imported by the package, so a new file r
 
 Context parallelism: a mixer registered with ``context_parallel=True`` runs with a row's tokens split
 over the ``context`` mesh axis (``seqmodels.layers.context``: short-convolution halos, state passing
-for linear recurrences); ``check_context_parallel`` refuses ``mesh.context > 1`` for the others.
+for linear recurrences, the Atlas memory's shards in sequence); ``check_context_parallel`` refuses
+``mesh.context > 1`` for the others. A mixer whose split form costs more than its share registers a
+``context_note`` (a template of ``{context}``), which ``context_parallel_notes`` gives the training run to log.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ class MixerEntry:
     flops_per_token: Callable[[ModelConfigBase, int], float]
     sections: tuple[str, ...]  # the model.<section> keys the mixer reads
     context_parallel: bool = False  # runs with the sequence split over mesh.context (module docstring)
+    context_note: str = ""  # what the split costs, a template of {context} (module docstring); "" = its share
 
 
 @dataclass(frozen=True)
@@ -70,16 +73,20 @@ MIXERS: dict[str, MixerEntry] = {}
 SECTIONS: dict[str, SectionEntry] = {}
 
 
-def register(name: str, build, flops_per_token, *, sections: Iterable[str], context_parallel: bool = False) -> None:
+def register(name: str, build, flops_per_token, *, sections: Iterable[str], context_parallel: bool = False,
+             context_note: str = "") -> None:
     """Register mixer ``name``, reading the config sections ``sections`` (checked by ``registered_sections``);
-    ``context_parallel``: it runs with the sequence split over ``mesh.context``."""
+    ``context_parallel``: it runs with the sequence split over ``mesh.context``, at the cost ``context_note``
+    states (``"{context}"`` stands for ``mesh.context``) when that is more than its share."""
     if name in MIXERS:
         raise ValueError(f"mixer {name!r} is registered twice")
     sections = tuple(sections)
     if not sections or not all(isinstance(section, str) and section for section in sections):
         raise ValueError(f"mixer {name!r}: sections must name at least one config section (model.<section>), "
                          f"got {sections!r}")
-    MIXERS[name] = MixerEntry(build, flops_per_token, sections, bool(context_parallel))
+    if context_note and not context_parallel:
+        raise ValueError(f"mixer {name!r}: a context_note describes a context-parallel form; none is registered")
+    MIXERS[name] = MixerEntry(build, flops_per_token, sections, bool(context_parallel), context_note)
 
 
 def register_section(name: str, section: type, description: str) -> None:
@@ -142,6 +149,19 @@ def check_context_parallel(names, context: int, key: str = "model.mixers") -> No
         raise ConfigError(f"mesh.context={context}: {key} has {', '.join(missing)}, which cannot yet run with the "
                           f"sequence split over devices; context-parallel mixers: "
                           f"{', '.join(context_parallel_mixers())}. Use mesh.context=1 for this model")
+
+
+def context_parallel_notes(names, context: int) -> list[str]:
+    """One line per distinct ``context_note`` of the mixers ``names`` at ``mesh.context = context`` (none at 1),
+    naming the mixers it concerns: what their split form costs beyond their share."""
+    if context == 1:
+        return []
+    by_note: dict[str, list[str]] = {}
+    for name in dict.fromkeys(names):
+        note = _entry(name).context_note
+        if note:
+            by_note.setdefault(note.format(context=context), []).append(name)
+    return [f"{', '.join(mixers)}: mesh.context={context} {note}" for note, mixers in by_note.items()]
 
 
 def build_mixer(name: str, config: ModelConfigBase, rngs: nnx.Rngs) -> Mixer:

@@ -25,7 +25,7 @@ from seqmodels.config import Config, ConfigError
 from seqmodels.config_io import save_config, to_dict
 from seqmodels.data.pipeline import describe_source, make_train_dataset, required_vocab_size
 from seqmodels.hf.base import start_params
-from seqmodels.mixers import check_context_parallel, check_mixer_names
+from seqmodels.mixers import check_context_parallel, check_mixer_names, context_parallel_notes
 from seqmodels.models import abstract_model, check_context_parallel_kind, flops_per_token, trainable_filter
 from seqmodels.models.trainable import trainable_part
 from seqmodels.optim.build import build_optimizer
@@ -242,7 +242,7 @@ def _run(config: Config, mesh, iterator, checkpointer: Checkpointer, choice, inc
                       donate_argnums=0)
     logger = MetricsLogger(config.train.run_dir, config.log, total_steps=config.train.steps, start_step=start,
                            primary=jax.process_index() == 0)
-    for note in notes:
+    for note in notes + context_parallel_notes(config.model.mixers, mesh.shape["context"]):
         logger.message(note)
     logger.message(
         f"model: {count_params(state['params']):,} parameters, mixers {list(config.model.mixers)}; "

@@ -582,3 +582,53 @@ def test_chunk_granularity_decoding_from_the_state_equals_the_training_form(spli
 def test_bad_ns_granularity_is_rejected():
     with pytest.raises(ValueError, match="ns_granularity must be 'token' .* or 'chunk'"):
         AtlasSettings(MemoryLayout(4, 4), window=1, chunk_size=4, ns_steps=1, ns_granularity="row")
+
+
+@functools.cache
+def split_value_and_grads(impl, settings: AtlasSettings, split: int):
+    """jit of ``(y, grads)`` of ``sum(y * w)`` over a row run whole (``split = 0``) or as two parts, the second
+    from the first's ``return_state``, its first token continuing the state's document where the segment id
+    does not change at ``split``."""
+    def outputs(floats, initial, segment_ids):
+        inputs = AtlasInputs(*floats[:7], segment_ids, *floats[7:])
+        if not split:
+            return atlas_memory(inputs, initial, settings, impl=impl)
+        head, tail = (AtlasInputs(*(x[:, part] for x in inputs[:8]), inputs.norm_gain)
+                      for part in (slice(0, split), slice(split, None)))
+        y_head, state = atlas_memory(head, initial, settings, impl=impl, return_state=True)
+        continues = segment_ids[:, split] == segment_ids[:, split - 1]
+        y_tail = atlas_memory(tail, initial, settings, impl=impl, initial_state=state, continues=continues)
+        return jnp.concatenate([y_head, y_tail], axis=1)
+
+    def objective(floats, initial, segment_ids, weights):
+        y = outputs(floats, initial, segment_ids)
+        return jnp.sum(y * weights), y
+    return jax.jit(jax.value_and_grad(objective, argnums=(0, 1), has_aux=True))
+
+
+# 10-37 s each on 2 busy cores (three compiles of the forward and backward); the linear case stays fast.
+@pytest.mark.parametrize("impl", ["xla", "reference"])
+@pytest.mark.parametrize("case", ["linear-p1-c6-b4-k0"] + [
+    pytest.param(name, marks=pytest.mark.slow)
+    for name in ("deep-p2-c3-b4-k5", "deep-p1-c1-b4-k0-clip", "chunk:deep-c3-b4-k5-update")])
+def test_a_row_split_at_a_chunk_boundary_continues_from_the_first_parts_state(case, impl):
+    """Splits after 4 tokens (row 0's second document crosses it) and after 8 (row 0's third starts there):
+    the two parts, the second from the first's state, give the whole row's outputs and gradients."""
+    name = case.removeprefix("chunk:")
+    inputs, initial, settings = chunk_settings_for(name) if case.startswith("chunk:") else settings_for(name)
+    weights = jax.random.normal(jax.random.key(7), inputs.values.shape)
+    floats = tuple(inputs[:7]) + (() if inputs.norm_gain is None else (inputs.norm_gain,))
+    (_, expected), expected_grads = split_value_and_grads(impl, settings, 0)(floats, initial, inputs.segment_ids,
+                                                                             weights)
+    tolerance = scale_tolerance(settings)  # float32: the same sums, the window's carried terms in another order
+    for split in (4, 8):
+        (_, y), grads = split_value_and_grads(impl, settings, split)(floats, initial, inputs.segment_ids, weights)
+        np.testing.assert_allclose(y, expected, atol=tolerance * float(jnp.abs(expected).max()), rtol=0)
+        for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(expected_grads)):
+            np.testing.assert_allclose(got, want, atol=tolerance * float(np.abs(want).max()), rtol=0)
+
+
+def test_return_state_needs_a_row_on_the_chunk_grid():
+    inputs, initial, settings = settings_for("linear-p1-c6-b4-k0")
+    with pytest.raises(ValueError, match="return_state needs rows of a multiple of chunk_size=4"):
+        atlas_memory(inputs, initial, settings, impl="xla", return_state=True)

@@ -15,10 +15,11 @@ from seqmodels.config import ConfigError, MeshConfig, ModelConfig
 from seqmodels.layers.context import context_map, incoming_states, matrix_apply, previous_tail
 from seqmodels.layers.conv import ShortConv
 from seqmodels.mixers import MIXERS, check_context_parallel
+from seqmodels.mixers.atlas import AtlasConfig
 from seqmodels.mixers.deltanet import DeltaNetConfig
 from seqmodels.mixers.attention import AttentionConfig, SlidingWindowConfig
 from seqmodels.mixers.mamba2 import Mamba2Config
-from seqmodels.mixers.registry import context_parallel_mixers
+from seqmodels.mixers.registry import context_parallel_mixers, context_parallel_notes, register
 from seqmodels.sharding import batch_sharding, make_mesh
 from seqmodels.training.state import init_params
 
@@ -135,7 +136,10 @@ def assert_split_equals_one_device(config, *, data):
 
 # Measured at 20-47 s each on 2 busy cores (the chunked second-order and scan backwards compile slowly); their
 # recurrences are checked in the fast tier at the op level (test_state_passing.py).
-SLOW_MIXERS = {"mamba2", "longhorn", "muonssm_mamba2", "muonssm_gated_deltanet", "muonssm_longhorn"}
+# The Atlas mixers: 55-65 s each (their defaults: deep memory, Newton-Schulz, both meshes); their split op is
+# checked in the fast tier in test_sequential_passing.py.
+SLOW_MIXERS = {"mamba2", "longhorn", "muonssm_mamba2", "muonssm_gated_deltanet", "muonssm_longhorn",
+               "atlas", "atlas_mag", "atlas_mal"}
 
 
 def by_cost(names):
@@ -145,6 +149,14 @@ def by_cost(names):
 @pytest.mark.parametrize("name", by_cost(context_parallel_mixers()))
 def test_context_parallel_mixers_match_one_device_on_packed_rows(name):
     assert_split_equals_one_device(model_config(name), data=2)
+
+
+@pytest.mark.slow  # ~30 s on 2 busy cores
+def test_titans_matches_one_device_on_packed_rows():
+    """The Atlas mixer's split form (conv halo, the memory's shards in sequence) in a model: Titans' rule on a
+    linear memory in chunks of 8, two per shard."""
+    titans = AtlasConfig(window=1, chunk_size=8, poly_degree=1, ns_steps=0, memory_depth=1, eta_range=(0.0, 0.5))
+    assert_split_equals_one_device(model_config("atlas", atlas=titans), data=2)
 
 
 def test_attention_by_ring_matches_one_device_on_packed_rows():
@@ -163,11 +175,26 @@ def test_context_parallel_mixers_match_one_device_scanned_and_rematerialised(nam
     assert_split_equals_one_device(model_config(name, scan_layers=True, remat="full"), data=1)
 
 
-@pytest.mark.parametrize("name", sorted(set(MIXERS) - set(context_parallel_mixers())))
-def test_mixers_without_a_context_parallel_form_are_refused_by_name(name):
-    check_context_parallel((name,), 1)
-    with pytest.raises(ConfigError, match=f"mesh.context=4: model.mixers has {name}, which cannot yet run"):
-        check_context_parallel(("gated_deltanet", name), 4)
+def test_a_mixer_without_a_context_parallel_form_is_refused_by_name(monkeypatch):
+    """Every registered mixer has a split form; one registered without it is refused, named."""
+    assert set(context_parallel_mixers()) == set(MIXERS)
+    plain = dataclasses.replace(MIXERS["attention"], context_parallel=False, context_note="")
+    monkeypatch.setitem(MIXERS, "plain", plain)
+    check_context_parallel(("plain",), 1)
+    with pytest.raises(ConfigError, match="mesh.context=4: model.mixers has plain, which cannot yet run"):
+        check_context_parallel(("gated_deltanet", "plain"), 4)
+
+
+def test_the_atlas_mixers_state_their_sequential_cost_once_per_note_and_only_when_split():
+    assert context_parallel_notes(["atlas", "attention", "atlas_mal", "atlas"], 1) == []
+    assert context_parallel_notes(["attention", "gated_deltanet"], 4) == []
+    (note,) = context_parallel_notes(["atlas", "attention", "atlas_mal", "atlas"], 4)
+    assert note.startswith("atlas, atlas_mal: mesh.context=4 runs the Atlas memory's 4 shards in sequence")
+    assert "4x one shard's memory-op time per layer, 4 state ppermutes" in note
+    with pytest.raises(ValueError, match="a context_note describes a context-parallel form"):
+        register("noted", MIXERS["attention"].build, MIXERS["attention"].flops_per_token, sections=("attention",),
+                 context_note="runs in {context} rounds")
+    assert "noted" not in MIXERS
 
 
 
