@@ -1,5 +1,5 @@
 """Export a run's checkpoint as a Hugging Face model: ``python export.py --run RUN --out DIR [--step N]
-[--dtype float32|bfloat16] [--force]``.
+[--dtype float32|bfloat16] [--format NAME] [--force]``.
 
 A Transformer++ run (every layer ``attention``, SwiGLU MLPs, no q/k norm or convolution) becomes a
 plain ``LlamaForCausalLM`` (``Qwen2ForCausalLM`` with ``model.attention.qkv_bias``) that
@@ -16,6 +16,12 @@ or the byte-level tokenizer's own ``tokenizer.json``; a run on a generated task 
 ``--out`` must not exist or be empty unless ``--force``, which replaces an earlier export only (never a
 directory holding a run, a checkpoint, this repository or the working directory); nothing is written
 when the export fails.
+
+``--format fla`` writes a DeltaNet run (every layer ``gated_deltanet``, or every layer ``deltanet``, with MLPs)
+as flash-linear-attention's ``GatedDeltaNetForCausalLM`` / ``DeltaNetForCausalLM`` (``model_type``
+``gated_deltanet`` / ``delta_net``; ``import fla`` registers them with ``AutoModelForCausalLM``). fla's short
+convolutions have no bias, so a run whose q/k/v convolution biases are not all zero is refused (exit 2), as
+is any other architecture; ``seqmodels.hf.fla`` lists the map.
 """
 
 from __future__ import annotations
@@ -36,6 +42,9 @@ def parse_args(argv):
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                         help="dtype of the written weights")
+    parser.add_argument("--format", default=None,
+                        help="checkpoint format: llama, mamba2, seqmodels or fla (default: the first of llama, "
+                             "mamba2, seqmodels that takes the model)")
     return parser.parse_args(argv)
 
 
@@ -65,7 +74,8 @@ def _main(argv) -> int:
     from seqmodels.hf.export import export_run
     from seqmodels.runs.checkpoints import CheckpointError
     try:
-        out, step = export_run(args.run, args.out, step=args.step, dtype=args.dtype, force=args.force)
+        out, step = export_run(args.run, args.out, step=args.step, dtype=args.dtype, force=args.force,
+                               format_name=args.format)
     except (HFFormatError, CheckpointError, ConfigError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

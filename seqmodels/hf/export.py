@@ -7,6 +7,8 @@
   heads) as transformers' own ``Mamba2ForCausalLM`` (``seqmodels.hf.mamba2``).
 - ``seqmodels``: every other architecture (AHN included) as ``model_type: seqmodels`` with its own PyTorch
   modules (``seqmodels.hf.remote_code``; loaded with ``trust_remote_code=True``).
+- ``fla`` (only when named: ``format_name="fla"``): a DeltaNet / Gated DeltaNet LM whose convolution biases are zero
+  as flash-linear-attention's ``GatedDeltaNetForCausalLM`` / ``DeltaNetForCausalLM`` (``seqmodels.hf.fla``).
 
 ``export_model`` writes the format's ``config.json`` (``architectures``, ``torch_dtype``) and
 ``model.safetensors`` (shards and ``model.safetensors.index.json`` above 2 GB), plus
@@ -62,17 +64,18 @@ def _tokenizer_writer(tokenizer: str | None, config: ModelConfig):
 
 
 def export_model(config: ModelConfig, params: dict, out_dir, *, dtype: str = "float32", tokenizer: str | None = None,
-                 max_shard_bytes: int = MAX_SHARD_BYTES, force: bool = False) -> Path:
+                 max_shard_bytes: int = MAX_SHARD_BYTES, force: bool = False, format_name: str | None = None) -> Path:
     """Write the Hugging Face directory of ``config`` with ``params`` to ``out_dir`` (module docstring).
 
     ``out_dir`` must be absent or empty (``force``: an existing directory is replaced once the new one is
     complete); the directory appears only once complete. ``tokenizer``: a ``data.tokenizer`` value whose
     tokenizer the directory carries (``byte``, or ``hf:DIR``: a Hugging Face directory whose tokenizer files
-    are copied), its special ids in the configs; None: no tokenizer.
+    are copied), its special ids in the configs; None: no tokenizer. ``format_name``: the format to
+    write (``seqmodels.hf.formats.FORMATS``); None: the first that takes the model.
     """
     out_dir = Path(out_dir)
     check_export_dtype(dtype)
-    checkpoint_format = FORMATS[export_format(config)]
+    checkpoint_format = FORMATS[export_format(config, format_name)]
     check_new_directory(out_dir, force=force)
     ids, write_tokenizer = _tokenizer_writer(tokenizer, config)
     if config.scan_layers:  # stacked groups of layers -> one entry per layer, as Hugging Face holds them
@@ -89,15 +92,16 @@ def export_model(config: ModelConfig, params: dict, out_dir, *, dtype: str = "fl
 
 
 def export_run(run_dir, out_dir, *, step: int | None = None, dtype: str = "float32",
-               max_shard_bytes: int = MAX_SHARD_BYTES, force: bool = False) -> tuple[Path, int]:
+               max_shard_bytes: int = MAX_SHARD_BYTES, force: bool = False,
+               format_name: str | None = None) -> tuple[Path, int]:
     """Export the checkpoint of ``run_dir`` at ``step`` (default: the latest); returns ``(out_dir, step)``.
 
     The architecture and ``out_dir`` are checked from the run's ``config.yaml`` before any checkpoint
-    is read; nothing is written unless the export succeeds.
+    is read (``format_name`` as in ``export_model``); nothing is written unless the export succeeds.
     """
-    export_format(read_run_config(run_dir).model)
+    export_format(read_run_config(run_dir).model, format_name)
     check_new_directory(Path(out_dir), force=force)
     config, params, step = load_run_params(run_dir, step=step)
     tokenizer = config.data.tokenizer if get_source(config.data.source).encodes_text else None
     return export_model(config.model, params, out_dir, dtype=dtype, tokenizer=tokenizer,
-                        max_shard_bytes=max_shard_bytes, force=force), step
+                        max_shard_bytes=max_shard_bytes, force=force, format_name=format_name), step

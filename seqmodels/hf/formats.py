@@ -3,11 +3,14 @@
     llama        Llama / Qwen2 safetensors: Transformer++ that transformers loads without remote code
     mamba2       transformers' Mamba2ForCausalLM: a Mamba2 LM in the reference layout (no MLP), no remote code
     seqmodels    ``model_type: seqmodels`` with its own PyTorch modules: every architecture (``remote_code``)
+    fla          flash-linear-attention's GatedDeltaNetForCausalLM / DeltaNetForCausalLM (written on request only)
 
 A directory's format is the one whose ``MODEL_TYPES`` hold its ``config.json``'s ``model_type`` (a
 config.json without one is read as Llama, as older Hugging Face checkpoints are); a model is written in
 the first format of ``FORMATS`` that takes it, so Transformer++ stays a plain Llama, a reference-layout
-Mamba2 a plain Mamba2, and everything else brings its own modules. GGUF files come in through
+Mamba2 a plain Mamba2, and everything else brings its own modules. A format in ``ON_REQUEST`` is written
+only when the export names it (``export.py --format``): fla's layout has no convolution bias, so whether a
+DeltaNet model fits it depends on its weights, not its config. GGUF files come in through
 ``seqmodels.hf.gguf``, which converts them into the Llama format. Export (``seqmodels.hf.export``),
 ``load_pretrained`` and the bases that a model starts from (``model.init_from``, ``model.ahn.base``:
 ``seqmodels.hf.base``) all go through here.
@@ -21,14 +24,14 @@ from typing import Protocol
 from flax import nnx
 
 from seqmodels.config import ModelConfig
-from seqmodels.hf import llama, mamba2, remote_code
+from seqmodels.hf import fla, llama, mamba2, remote_code
 from seqmodels.hf.directory import hf_directory, read_json
 from seqmodels.errors import HFFormatError, reading
 from seqmodels.models import abstract_model
 
 
 class CheckpointFormat(Protocol):
-    """What a format module offers (``llama``, ``mamba2``, ``remote_code``)."""
+    """What a format module offers (``llama``, ``mamba2``, ``fla``, ``remote_code``)."""
 
     MODEL_TYPES: tuple[str, ...]
 
@@ -48,7 +51,8 @@ class CheckpointFormat(Protocol):
 
 
 FORMATS: dict[str, CheckpointFormat] = {"llama": llama, "mamba2": mamba2,  # in export preference order
-                                         "seqmodels": remote_code}
+                                         "seqmodels": remote_code, "fla": fla}
+ON_REQUEST = ("fla",)  # formats written only when an export names them
 
 
 def format_of(hf: dict, source: str) -> CheckpointFormat:
@@ -62,16 +66,24 @@ def format_of(hf: dict, source: str) -> CheckpointFormat:
                         f"{readable}")
 
 
-def export_format(config: ModelConfig) -> str:
-    """The name of the first format that writes ``config``; the last format's reason when none does."""
+def export_format(config: ModelConfig, name: str | None = None) -> str:
+    """``name`` when that format writes ``config`` (its reason when not), else the first format outside
+    ``ON_REQUEST`` that writes it (the last one's reason when none does)."""
+    if name is not None:
+        if name not in FORMATS:
+            raise HFFormatError(f"export format {name!r} is not one of {', '.join(FORMATS)}")
+        FORMATS[name].check_exportable(config)
+        return name
     reasons = []
-    for name, checkpoint_format in FORMATS.items():
+    for candidate, checkpoint_format in FORMATS.items():
+        if candidate in ON_REQUEST:
+            continue
         try:
             checkpoint_format.check_exportable(config)
         except HFFormatError as error:
             reasons.append(error)
             continue
-        return name
+        return candidate
     raise reasons[-1]
 
 
