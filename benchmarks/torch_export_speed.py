@@ -8,9 +8,10 @@ PyTorch twin (``seqmodels.hf.torch``, ``SeqmodelsForCausalLM``) of two layers of
 (``configs/<name>.yaml``), d_model 64, a 256-token vocabulary, batch 1, random weights, on one CPU thread
 (``torch.set_num_threads(1)``). It times the forward (no gradients) and forward + backward of the LM loss
 at each length, in both ``scan_form`` s (``chunked.set_scan_form``: ``recurrent``, one state update per
-token; ``chunked``, chunks of 64), and reports tokens/s (the median of ``--repeats`` calls after a short
-warm-up) and chunked / recurrent. A mixer without a chunk form (Atlas) runs its recurrent form under either
-setting, the same computation: it is timed once and its chunked columns are empty. (The reference-layout
+token; ``chunked``, chunks of 64; Atlas's chunk form runs over its own memory chunks,
+``model.atlas.chunk_size``, which are part of its rule), and reports tokens/s (the median of ``--repeats``
+calls after a short warm-up) and chunked / recurrent. A mixer without a chunk form would run its recurrent
+form under either setting, the same computation: it is timed once and its chunked columns are empty. (The reference-layout
 Mamba2 config exports as transformers' own ``Mamba2ForCausalLM``; what is timed here is the seqmodels twin that its other layouts export as.)
 Writes JSON (``--out``) and a markdown table beside it (same name, ``.md``).
 """
