@@ -84,6 +84,7 @@ def test_eval_mistakes_are_refused_and_leave_eval_json(trained, capsys, args, me
     assert snapshot(run_dir) == before
 
 
+@pytest.mark.slow  # trains a looped model first
 def test_perplexity_on_a_looped_classifier_is_refused(tmp_path, capsys):
     run_dir = tmp_path / "looped"
     overrides = ["model.kind=looped", "model.d_model=32", "model.num_heads=2", "model.max_seq_len=64",

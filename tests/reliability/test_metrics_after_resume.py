@@ -4,6 +4,8 @@ import shutil
 import struct
 from pathlib import Path
 
+import pytest
+
 import train as train_entry
 from conftest import tiny_overrides
 from reliability_helpers import logged_losses, logged_steps
@@ -31,6 +33,7 @@ def test_drop_rows_after_keeps_earlier_rows_and_drops_a_torn_line(tmp_path):
     assert drop_rows_after(path, 2) == 0
 
 
+@pytest.mark.slow  # two training runs
 def test_steps_logged_after_the_last_checkpoint_are_not_logged_twice(tmp_path, tiny_corpus, capsys):
     run_dir = tmp_path / "run"
     overrides = tiny_overrides(run_dir, tiny_corpus, train__steps=10)

@@ -138,7 +138,7 @@ def assert_split_equals_one_device(config, *, data):
 # recurrences are checked in the fast tier at the op level (test_state_passing.py).
 # The Atlas mixers: 55-65 s each (their defaults: deep memory, Newton-Schulz, both meshes); their split op is
 # checked in the fast tier in test_sequential_passing.py.
-SLOW_MIXERS = {"mamba2", "longhorn", "muonssm_mamba2", "muonssm_gated_deltanet", "muonssm_longhorn",
+SLOW_MIXERS = {"deltanet", "mamba2", "longhorn", "muonssm_mamba2", "muonssm_gated_deltanet", "muonssm_longhorn",
                "atlas", "atlas_mag", "atlas_mal"}
 
 

@@ -100,7 +100,7 @@ def split_run(inputs, initial, settings, *, data=2):
 
 # 10-20 s each on 2 busy cores (two compiles of the op's forward and backward). OmegaNet, in the fast tier,
 # crosses the shards with all of the state: memory, momentum and a window reaching into the previous shard.
-SLOW_CASES = {"titans", "atlas", "atlas-chunk"}
+SLOW_CASES = {"titans", "omeganet", "atlas", "atlas-chunk"}
 
 
 @pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.slow) if name in SLOW_CASES else name

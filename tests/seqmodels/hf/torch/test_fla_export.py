@@ -58,6 +58,7 @@ def fla_python():
     return bin_dir / "python"
 
 
+@pytest.mark.slow  # builds the fla environment once (pip), then ~10 s a case
 @pytest.mark.parametrize("mixer,tied", [("gated_deltanet", True), ("deltanet", False)])
 def test_fla_loads_the_export_strictly_and_gives_the_jax_logits(tmp_path, fla_python, mixer, tied):
     config = fla_config(mixer, tied=tied)
