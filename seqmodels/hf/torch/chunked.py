@@ -134,9 +134,27 @@ def _check(name: str, q, k, v, log_decay, state):
         raise ValueError(f"{name}: state must be [B, H, K, V] = {expected}, got {list(state.shape)}")
 
 
-def _finish(outputs, steps, v):
-    o = torch.stack(outputs, dim=2)  # [B, H, N, C, V]
+def _finish(o, steps):
+    """``o [B, H, N, C, V]`` -> ``[B, T, H, V]``, the padded tail dropped."""
     return o.reshape(*o.shape[:2], -1, o.shape[-1])[:, :, :steps].movedim(1, 2)
+
+
+def _entering_states(state, through, keys, values, state_weights=None):
+    """``(the state entering every chunk [B, H, N, K, V], the state after the last)`` by the one
+    sequential loop: ``S <- e^{G_C} S + keys^T (values - W S)`` (``through [B, H, N]`` = ``e^{G_C}``; no ``W S``
+    term without ``state_weights``). Batch and heads are flattened so that each chunk is two ``baddbmm`` s."""
+    batch, heads, chunks = through.shape
+    flat = lambda x: x.reshape(batch * heads, *x.shape[2:])  # noqa: E731
+    keys, values, through = flat(keys).transpose(-1, -2), flat(values), flat(through)
+    state_weights = None if state_weights is None else flat(state_weights)
+    state, entering = state.float().reshape(batch * heads, *state.shape[2:]), []
+    for n in range(chunks):
+        entering.append(state)
+        written = values[:, n] if state_weights is None else torch.baddbmm(values[:, n], state_weights[:, n], state,
+                                                                          alpha=-1)
+        state = torch.baddbmm(through[:, n, None, None] * state, keys[:, n], written)
+    return (torch.stack(entering, dim=1).reshape(batch, heads, chunks, *state.shape[1:]),
+            state.reshape(batch, heads, *state.shape[1:]))
 
 
 def chunk_gated_linear(q, k, v, log_decay, state, valid=None, chunk_size=CHUNK_SIZE, scale=None):
@@ -147,14 +165,10 @@ def chunk_gated_linear(q, k, v, log_decay, state, valid=None, chunk_size=CHUNK_S
     steps = q.shape[1]
     real, g, q, k, v = _prepare(valid, chunk_size, log_decay, q, k, v)
     cumulative = g.cumsum(-1)  # [B, H, N, C]
-    scores = (q @ k.transpose(-1, -2)) * _decay_matrix(cumulative)  # [B, H, N, C, C]
-    queries = q * torch.exp(cumulative)[..., None]
+    local = ((q @ k.transpose(-1, -2)) * _decay_matrix(cumulative)) @ v  # every chunk's own part of o
     keys = k * torch.exp(cumulative[..., -1:] - cumulative)[..., None]
-    state, outputs = state.float(), []
-    for n in range(q.shape[2]):
-        outputs.append(scale * (queries[:, :, n] @ state + scores[:, :, n] @ v[:, :, n]))
-        state = torch.exp(cumulative[:, :, n, -1])[..., None, None] * state + keys[:, :, n].transpose(-1, -2) @ v[:, :, n]
-    return _finish(outputs, steps, v), state
+    entering, state = _entering_states(state, torch.exp(cumulative[..., -1]), keys, v)
+    return _finish(scale * ((q * torch.exp(cumulative)[..., None]) @ entering + local), steps), state
 
 
 def _unit_lower_solve(matrix, rhs):
@@ -171,19 +185,16 @@ def chunk_delta_rule(q, k, v, beta, log_decay, state, valid=None, chunk_size=CHU
     scale, steps = q.shape[-1] ** -0.5, q.shape[1]
     real, g, q, beta, k, v = _prepare(valid, chunk_size, log_decay, q, beta, k, v)
     cumulative = g.cumsum(-1)
-    gram = k @ k.transpose(-1, -2)
-    lower = beta[..., None] * gram * _decay_matrix(cumulative, strict=True)
-    corrected_values = _unit_lower_solve(lower, beta[..., None] * v)  # U~ [B, H, N, C, V]
-    state_weights = _unit_lower_solve(lower, (beta * torch.exp(cumulative))[..., None] * k)  # W [B, H, N, C, K]
-    scores = (q @ k.transpose(-1, -2)) * _decay_matrix(cumulative)
-    queries = q * torch.exp(cumulative)[..., None]
+    decay = _decay_matrix(cumulative)
+    lower = beta[..., None] * (k @ k.transpose(-1, -2)) * decay.tril(-1)
+    solved = _unit_lower_solve(lower, torch.cat([beta[..., None] * v, (beta * torch.exp(cumulative))[..., None] * k], -1))
+    corrected_values, state_weights = solved.split([v.shape[-1], k.shape[-1]], dim=-1)  # U~, W [B, H, N, C, .]
+    scores = (q @ k.transpose(-1, -2)) * decay
     keys = k * torch.exp(cumulative[..., -1:] - cumulative)[..., None]
-    state, outputs = state.float(), []
-    for n in range(q.shape[2]):
-        values = corrected_values[:, :, n] - state_weights[:, :, n] @ state
-        outputs.append(scale * (queries[:, :, n] @ state + scores[:, :, n] @ values))
-        state = torch.exp(cumulative[:, :, n, -1])[..., None, None] * state + keys[:, :, n].transpose(-1, -2) @ values
-    return _finish(outputs, steps, v), state
+    entering, state = _entering_states(state, torch.exp(cumulative[..., -1]), keys, corrected_values, state_weights)
+    # o = scale (e^G q S_0 + scores (U~ - W S_0)) = scale ((e^G q - scores W) S_0 + scores U~), batched over chunks
+    queries = q * torch.exp(cumulative)[..., None] - scores @ state_weights
+    return _finish(scale * (queries @ entering + scores @ corrected_values), steps), state
 
 
 def chunk_momentum(q, k, w, beta, log_decay, log_gamma, state, momentum, valid=None, chunk_size=CHUNK_SIZE,
@@ -234,7 +245,7 @@ def chunk_momentum(q, k, w, beta, log_decay, log_gamma, state, momentum, valid=N
         momentum = (torch.exp(momentum_cumulative[:, :, n, -1])[..., None, None] * momentum
                     + momentum_keys[:, :, n].transpose(-1, -2) @ w[:, :, n])
         state = new_state
-    return _finish(outputs, steps, w), state, momentum
+    return _finish(torch.stack(outputs, dim=2), steps), state, momentum
 
 
 def _broadcasts(shape, target) -> bool:
