@@ -16,8 +16,9 @@ the compressor; ``q, k`` L2-normalised per head there)::
 Each token's write gates come from its own ``h``; the state is written in token order. At each position the
 write is the token leaving there (a no-op write, zero key, strength and log decay, where none leaves), so the
 compressor is one linear recurrence over the row's positions: a call of more than one token (training, a
-prefill) runs its chunk-parallel form (``chunked.chunk_delta_rule`` / ``chunk_gated_linear``, ``scan_form``
-as every recurrent twin), a decoded token the token-by-token step (``recurrences.delta_rule_scan`` /
+prefill) runs its chunk-parallel form (``chunked.chunk_delta_rule`` / ``chunk_gated_linear``, or on CUDA fla's
+``chunk_gated_delta_rule`` / ``chunk_simple_gla`` where installed: ``kernels.py``; ``scan_form`` as every recurrent
+twin), a decoded token the token-by-token step (``recurrences.delta_rule_scan`` /
 ``gated_linear_scan``, the JAX decoding form; JAX trains with the chunked kernels, equal within float32
 round-off).
 
@@ -37,7 +38,8 @@ import torch
 from torch import nn
 
 from .attention import Attention
-from .chunked import ScanForm, chunk_delta_rule, chunk_gated_linear
+from .chunked import ScanForm
+from .kernels import KernelChoice, delta_rule, gated_linear
 from .layers import RMSNorm, SwiGLU, l2_normalize, mlp_hidden, step_and_log_decay
 from .recurrences import delta_rule_scan, gated_linear_scan
 
@@ -52,7 +54,7 @@ def _expand(x: torch.Tensor, heads: int) -> torch.Tensor:
     return x.repeat_interleave(heads // x.shape[2], dim=2)
 
 
-class Compressor(ScanForm, nn.Module):
+class Compressor(ScanForm, KernelChoice, nn.Module):
     """The compressor of one layer (module docstring); parameter names as the JAX ``Compressor``."""
 
     def __init__(self, model: dict, *, head_dim: int):
@@ -74,6 +76,7 @@ class Compressor(ScanForm, nn.Module):
         self.gate = nn.Linear(width, heads * head_dim, bias=False)
         self.norm = RMSNorm(head_dim, model["norm_eps"])
         self.readout = nn.Parameter(torch.zeros(heads, head_dim, head_dim))
+        self.find_kernels("gated_delta_rule" if self.delta_rule else "simple_gla")
 
     def write_gates(self, h: torch.Tensor):
         """``(strength, log_decay)`` float32 ``[B, T, H]``: beta (delta rules) or Delta (mamba2), and g."""
@@ -122,11 +125,11 @@ class Compressor(ScanForm, nn.Module):
         chunked = self.chunked(q.shape[1])
         if self.delta_rule:
             arguments = (queries, keys, values, evicted["strength"], evicted["log_decay"], state)
-            o, state = chunk_delta_rule(*arguments, chunk_size=self.chunk_size) if chunked else \
+            o, state = delta_rule(self, *arguments, chunk_size=self.chunk_size) if chunked else \
                 delta_rule_scan(*arguments)
         else:
             arguments = (queries, keys * evicted["strength"][..., None], values, evicted["log_decay"], state)
-            o, state = chunk_gated_linear(*arguments, chunk_size=self.chunk_size) if chunked else \
+            o, state = gated_linear(self, *arguments, chunk_size=self.chunk_size) if chunked else \
                 gated_linear_scan(*arguments)
         newest = positions.max(dim=1, keepdim=True).values
         if "newest" in cache:

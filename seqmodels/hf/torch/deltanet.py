@@ -7,7 +7,8 @@ Per token t (heads H, key K, value V)::
     S_t = e^g (I - beta k k^T) S_{t-1} + beta k v^T;  o = K^-1/2 S_t^T q
     out = W_out(RMSNorm(o) * silu(W_g x))                           (per head over V)
 
-Calls of more than one token run the chunk-parallel WY form (``chunked.chunk_delta_rule``), one decoded token
+Calls of more than one token run the chunk-parallel WY form (``chunked.chunk_delta_rule``, or fla's
+``chunk_gated_delta_rule`` / ``chunk_delta_rule`` on CUDA where installed: ``kernels.py``), one decoded token
 the recurrent step (``recurrences.delta_rule_scan``); ``scan_form`` picks (``chunked.ScanForm``). The cache holds the convolutions' last inputs and the state; a fresh (empty) dict starts a row. Padding
 (``positions`` -1) is skipped by the convolutions and leaves the state unchanged.
 """
@@ -18,12 +19,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .chunked import ScanForm, chunk_delta_rule
+from .chunked import ScanForm
+from .kernels import KernelChoice, delta_rule
 from .layers import RMSNorm, ShortConv, l2_normalize, real_tokens, step_and_log_decay
 from .recurrences import cached_state, conv_with_cache, delta_rule_scan
 
 
-class DeltaNet(ScanForm, nn.Module):
+class DeltaNet(ScanForm, KernelChoice, nn.Module):
     def __init__(self, model: dict, *, gated: bool):
         super().__init__()
         settings, width = model["deltanet"], model["d_model"]
@@ -45,6 +47,7 @@ class DeltaNet(ScanForm, nn.Module):
             self.dt_bias = nn.Parameter(torch.zeros(heads))
         self.norm = RMSNorm(value_dim, model["norm_eps"])
         self.out = nn.Linear(heads * value_dim, width, bias=False)
+        self.find_kernels("gated_delta_rule" if gated else "delta_rule")
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: dict | None = None):
         valid = real_tokens(positions)  # a recurrence: only which tokens are real matters
@@ -67,7 +70,8 @@ class DeltaNet(ScanForm, nn.Module):
         """``o [B, T, H, V]`` of the delta rule from the cached state (``valid [B, T]``: the real tokens)."""
         state = cached_state(cache, "state", (q.shape[0], self.heads, self.key_dim, self.value_dim), q.device)
         if self.chunked(q.shape[1]):
-            o, state = chunk_delta_rule(q, k, v, beta, log_decay, state, valid, chunk_size=self.chunk_size)
+            o, state = delta_rule(self, q, k, v, beta, log_decay, state, valid, chunk_size=self.chunk_size,
+                                  gated=self.gated)
         else:
             o, state = delta_rule_scan(q, k, v, beta, log_decay, state, valid)
         if cache is not None:

@@ -24,6 +24,7 @@ from .attention import Attention  # noqa: F401
 from .chunked import chunk_delta_rule  # noqa: F401
 from .configuration_seqmodels import SeqmodelsConfig  # noqa: F401
 from .deltanet import DeltaNet  # noqa: F401
+from .kernels import set_kernels  # noqa: F401
 from .layers import RMSNorm  # noqa: F401
 from .lm import SeqmodelsForCausalLM
 from .longhorn import LongHorn  # noqa: F401

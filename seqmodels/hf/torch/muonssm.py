@@ -80,6 +80,7 @@ class MuonSSMMamba2(_Momentum, Mamba2):
     def __init__(self, model: dict):
         Mamba2.__init__(self, model)
         self._set_momentum(model)
+        self.find_kernels("simple_gla")  # mamba_ssm's SSD has no momentum: fla's simple GLA serves gamma = 0 only
 
     def recurrence(self, q, k, v, log_decay, cache, valid):
         sum_squares = k.square().sum(-1, keepdim=True) * v.square().sum(-1)  # [B, T, H]
