@@ -48,8 +48,8 @@ functions (``torch.linalg.solve_triangular`` included).
 Which form a mixer runs (``scan_form``): ``auto`` (the default) chunks any call of more than one token (a
 training forward, a prefill, which also fills the decoding cache with the chunk form's final state) and steps
 a single decoded token; ``chunked`` / ``recurrent`` force one form (``set_scan_form``; the speed benchmark
-and the equality tests use it). fla's / mamba_ssm's CUDA kernels are not selected here: this pure-PyTorch
-path is what every device runs.
+and the equality tests use it). On CUDA, where flash-linear-attention / mamba_ssm are installed, the layers they
+match run those kernels instead (``kernels.py``); this pure-PyTorch path is the fallback on every device.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Run exported twins through flash-linear-attention's kernel interface and measure them against the pure path.
 
-``python kernels_check.py DIR [DIR ...]`` prints a line ``result: JSON``: for each export directory, the kernels its
+``python kernels_check.py {fla|mamba} DIR [DIR ...]`` prints a line ``result: JSON``: for each export directory, the kernels its
 layers selected, how often each was called, and the max abs differences between the kernels' path and the
 pure-PyTorch path (``kernels.set_kernels(model, False)``) in: the logits of a batch with a left-padded row and a
 row with padding inside; the logits of a prefill, a chunked call from its cache (the state goes into a kernel as its
@@ -14,7 +14,13 @@ fails here) and then runs fla's own PyTorch reference of that op by those argume
 
 * ``chunk_gated_delta_rule`` -> ``fla.ops.gated_delta_rule.naive.naive_recurrent_gated_delta_rule``;
 * ``chunk_delta_rule`` -> ``fla.ops.delta_rule.naive.delta_rule_recurrence`` (heads first; its scale is K^-1/2);
-* ``chunk_simple_gla`` -> ``fla.ops.simple_gla.naive.naive_recurrent_simple_gla``.
+* ``chunk_simple_gla`` -> ``fla.ops.simple_gla.naive.naive_recurrent_simple_gla``;
+
+and with ``mamba`` (an environment with mamba_ssm and causal_conv1d, installed without their CUDA builds):
+
+* ``mamba_chunk_scan_combined`` -> ``mamba_ssm.modules.ssd_minimal.ssd_minimal_discrete`` (per-token ``Delta x`` and
+  ``Delta A``, the groups' ``B``, ``C`` repeated over their heads, whole chunks);
+* ``causal_conv1d_fn`` -> ``causal_conv1d.causal_conv1d_interface.causal_conv1d_ref``.
 
 A stand-in refuses the options the twins must not use (variable-length ``cu_seqlens``, fla's in-kernel L2 norm,
 sigmoid or gate, a state without ``output_final_state``), so a call that relied on them fails.
@@ -44,7 +50,8 @@ def _stand_in(op: str, real, reference):
             assert arguments.get(name) is None, f"{op}: {name} given"
         for name in ("use_qk_l2norm_in_kernel", "use_beta_sigmoid_in_kernel", "allow_neg_eigval", "state_v_first"):
             assert not arguments.get(name, False), f"{op}: {name} set"
-        assert arguments["initial_state"] is not None and arguments["output_final_state"], op
+        if "initial_state" in arguments:  # fla's
+            assert arguments["initial_state"] is not None and arguments["output_final_state"], op
         CALLS[op] += 1
         return reference(arguments)
     return call
@@ -78,6 +85,45 @@ def register_stand_ins():
                                 ("delta_rule", chunk_delta_rule, plain),
                                 ("simple_gla", chunk_simple_gla, simple_gla)):
         register_kernel(op, _stand_in(op, real, reference), devices=("cpu",), name=f"fla {real.__name__} (stand-in)")
+
+
+def register_mamba_stand_ins():
+    """mamba_ssm's ``mamba_chunk_scan_combined`` through its ``ssd_minimal_discrete``, causal_conv1d's
+    ``causal_conv1d_fn`` through its ``causal_conv1d_ref``. Their compiled extensions are absent on a CPU machine
+    (installed without their CUDA builds): empty modules stand in for them so the packages' Python imports."""
+    import types
+    for name in ("selective_scan_cuda", "causal_conv1d_cuda"):
+        sys.modules.setdefault(name, types.ModuleType(name))
+    import torch
+    import torch.nn.functional as F
+    from causal_conv1d import causal_conv1d_fn
+    from causal_conv1d.causal_conv1d_interface import causal_conv1d_ref
+    from mamba_ssm.modules.ssd_minimal import ssd_minimal_discrete
+    from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
+
+    from seqmodels.hf.torch.kernels import register_kernel
+
+    def ssd(a):
+        for name in ("D", "z", "dt_bias", "seq_idx"):
+            assert a[name] is None, f"ssd: {name} given"
+        assert not a["dt_softplus"] and a["return_final_states"] and a["initial_states"] is not None
+        x, dt, heads = a["x"], a["dt"], a["x"].shape[2]
+        b, c = (a[name].repeat_interleave(heads // a[name].shape[2], dim=2) for name in ("B", "C"))
+        length, block = x.shape[1], a["chunk_size"]
+        pad = -length % block  # the reference takes whole chunks: zero steps (no decay, no input) after the row
+        inputs = [F.pad(t, (0, 0) * (t.ndim - 2) + (0, pad)) for t in (x * dt[..., None], a["A"] * dt, b, c)]
+        y, final = ssd_minimal_discrete(*inputs, block, initial_states=a["initial_states"][:, None])
+        return y[:, :length], final
+
+    register_kernel("ssd", _stand_in("ssd", mamba_chunk_scan_combined, ssd), devices=("cpu",),
+                    name="mamba_ssm mamba_chunk_scan_combined (stand-in)")
+
+    def conv(a):
+        assert a["seq_idx"] is None and a["initial_states"] is None and not a["return_final_states"]
+        return causal_conv1d_ref(a["x"], a["weight"], a["bias"], activation=a["activation"])
+
+    register_kernel("causal_conv1d", _stand_in("causal_conv1d", causal_conv1d_fn, conv), devices=("cpu",),
+                    name="causal_conv1d causal_conv1d_fn (stand-in)")
 
 
 def measure(directory: str) -> dict:
@@ -124,10 +170,10 @@ def measure(directory: str) -> dict:
             "gradient_tensors": len(pure_grads)}
 
 
-def main(directories: list[str]) -> None:
-    register_stand_ins()
+def main(packages: str, directories: list[str]) -> None:
+    {"fla": register_stand_ins, "mamba": register_mamba_stand_ins}[packages]()
     print(RESULT + json.dumps({directory: measure(directory) for directory in directories}), flush=True)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main(sys.argv[1], sys.argv[2:])

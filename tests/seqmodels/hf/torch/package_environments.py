@@ -12,6 +12,7 @@ prints ``expected``. A failed step fails the test with the command that failed.
 from __future__ import annotations
 
 import fcntl
+import os
 import subprocess
 import sys
 import sysconfig
@@ -32,8 +33,11 @@ def run_checked(command: list[str], what: str, env: dict | None = None) -> str:
     return result.stdout
 
 
-def package_environment(name: str, requirement: str, probe: str, expected: str) -> Path:
-    """The ``bin/`` of a venv with ``requirement`` over this venv's packages (module docstring)."""
+def package_environment(name: str, requirement: str | list[str], probe: str, expected: str,
+                        pip_options: tuple[str, ...] = (), build_environment: dict | None = None) -> Path:
+    """The ``bin/`` of a venv with ``requirement`` (one or several) over this venv's packages (module docstring);
+    ``pip_options`` and ``build_environment`` (variables added to pip's environment) go to the install."""
+    requirements = [requirement] if isinstance(requirement, str) else list(requirement)
     ENVIRONMENTS.mkdir(parents=True, exist_ok=True)
     root = ENVIRONMENTS / name
     python = root / "bin" / "python"
@@ -45,11 +49,12 @@ def package_environment(name: str, requirement: str, probe: str, expected: str) 
         own = Path(run_checked([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                "asking the venv for its site-packages").strip())
         (own / "zz_base_venv.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")  # after its own packages
-        run_checked([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", requirement],
-                    f"installing {requirement}")
-        found = run_checked([str(python), "-c", f"print({probe})"], f"probing {requirement}").strip()
+        environment = None if build_environment is None else {**os.environ, **build_environment}
+        run_checked([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *pip_options,
+                     *requirements], f"installing {' '.join(requirements)}", env=environment)
+        found = run_checked([str(python), "-c", f"print({probe})"], f"probing {' '.join(requirements)}").strip()
         if found != expected:
-            pytest.fail(f"{root}: {probe} is {found!r} after installing {requirement}, not {expected!r}",
+            pytest.fail(f"{root}: {probe} is {found!r} after installing {' '.join(requirements)}, not {expected!r}",
                         pytrace=False)
-        (root / "ready").write_text(requirement + "\n")
+        (root / "ready").write_text("\n".join(requirements) + "\n")
     return root / "bin"

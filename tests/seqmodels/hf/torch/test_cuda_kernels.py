@@ -136,6 +136,21 @@ def test_kernel_settings_refuse_unknown_ops_devices_and_switches(kernels):
         kernels.set_kernels(torch.nn.Linear(2, 2), "off")
 
 
+MAMBA = ["mamba_ssm==2.3.2.post1", "causal_conv1d==1.6.1", "einops==0.8.1"]
+# Their sources build CUDA extensions unless told not to (and then import torch to build: no isolation).
+MAMBA_BUILD = {"MAMBA_SKIP_CUDA_BUILD": "TRUE", "MAMBA_FORCE_BUILD": "TRUE", "CAUSAL_CONV1D_SKIP_CUDA_BUILD": "TRUE",
+               "CAUSAL_CONV1D_FORCE_BUILD": "TRUE"}
+MAMBA_MIXERS = {"mamba2": ["ssd", "causal_conv1d"], "gated_deltanet": ["causal_conv1d"]}
+
+
+def _check(python, packages: str, directories: dict) -> dict:
+    import os
+    environment = {**os.environ, "PYTHONPATH": str(ROOT)}
+    output = run_checked([str(python), str(Path(__file__).with_name("kernels_check.py")), packages,
+                          *map(str, directories.values())], f"running the twins through {packages}", env=environment)
+    return json.loads(next(line for line in output.splitlines() if line.startswith("result: "))[len("result: "):])
+
+
 @pytest.fixture(scope="module")
 def fla_python():
     bin_dir = package_environment("fla-0.6.0", FLA, "__import__('fla').__version__", "0.6.0")
@@ -144,16 +159,27 @@ def fla_python():
 
 @pytest.mark.slow  # the fla environment (built once, shared with test_fla_export), then ~20 s
 def test_every_layer_fla_matches_gives_the_pure_path_through_fla_s_interface(tmp_path, fla_python):
-    import os
     directories = {name: _export(tmp_path, name) for name in FLA_MIXERS}
-    environment = {**os.environ, "PYTHONPATH": str(ROOT)}
-    output = run_checked([str(fla_python), str(Path(__file__).with_name("kernels_check.py")),
-                          *map(str, directories.values())], "running the twins through fla", env=environment)
-    results = json.loads(next(line for line in output.splitlines() if line.startswith("result: "))[len("result: "):])
+    results = _check(fla_python, "fla", directories)
     for name, directory in directories.items():
-        result, op = results[str(directory)], FLA_MIXERS[name]
-        assert list(result["kernels"]) == [op] and result["kernels"][op].startswith("fla "), (name, result)
-        assert result["calls"].get(op, 0) >= 2, (name, result)  # at least one call a layer
-        assert result["max_abs_logit"] > 1.0, (name, result)
-        assert result["logits"] < TOLERANCE and result["decoded"] < TOLERANCE, (name, result)
-        assert result["gradients"] < TOLERANCE and result["gradient_tensors"] > 10, (name, result)
+        _assert_equal_paths(name, results[str(directory)], [FLA_MIXERS[name]], "fla ")
+
+
+@pytest.mark.slow  # builds mamba_ssm and causal_conv1d from source without CUDA once (~1 min), then ~10 s
+def test_mamba2_and_the_short_convolutions_give_the_pure_path_through_mamba_ssm_and_causal_conv1d(tmp_path):
+    python = package_environment("mamba_ssm-2.3.2", MAMBA, "__import__('importlib.metadata').metadata.version("
+                                 "'mamba_ssm')", "2.3.2.post1", pip_options=("--no-build-isolation",),
+                                 build_environment=MAMBA_BUILD) / "python"
+    directories = {name: _export(tmp_path, name) for name in MAMBA_MIXERS}
+    results = _check(python, "mamba", directories)
+    for name, directory in directories.items():
+        _assert_equal_paths(name, results[str(directory)], MAMBA_MIXERS[name], "")
+
+
+def _assert_equal_paths(name: str, result: dict, ops: list[str], prefix: str) -> None:
+    assert sorted(result["kernels"]) == sorted(ops), (name, result)
+    assert all(kernel.startswith(prefix) for kernel in result["kernels"].values()), (name, result)
+    assert all(result["calls"].get(op, 0) >= 2 for op in ops), (name, result)  # at least one call a layer
+    assert result["max_abs_logit"] > 1.0, (name, result)
+    assert result["logits"] < TOLERANCE and result["decoded"] < TOLERANCE, (name, result)
+    assert result["gradients"] < TOLERANCE and result["gradient_tensors"] > 10, (name, result)
