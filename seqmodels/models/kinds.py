@@ -114,7 +114,7 @@ KINDS: dict[str, ModelKind] = {kind.name: kind for kind in (
     ModelKind("ahn", "an AHN run", AHNModel, ahn_flops_per_token, trainable_path,
               BaseCheckpoint("ahn.base", str, _ahn_adopt, _ahn_merge, AHN_COMPRESSOR_LR,
                              "AHN's compressors over a frozen base: the rate of configs/ahn_*.yaml"),
-              ("ahn", "ruler"), CAUSAL_LM),
+              ("ahn", "ruler"), CAUSAL_LM, context_parallel=True),
 )}
 
 
