@@ -49,6 +49,7 @@ from seqmodels.layers.norms import RMSNorm
 from seqmodels.mixers.attention import Attention, _flops as attention_flops
 from seqmodels.models.ahn_compressor import Compressor, compressor_flops_per_token
 from seqmodels.models.ahn_loss import chunked_kl, window_choices
+from seqmodels.sharding import sequence_shards
 
 TRAINABLE_SUBTREE = "ahn"
 
@@ -210,7 +211,8 @@ class AHNModel(nnx.Module):
         teacher = jax.lax.stop_gradient(self.hidden(tokens) if teacher is None else teacher)
         weights = (jnp.arange(tokens.shape[1]) >= window)[None, :] & (batch["loss_mask"] > 0)
         weights = weights.astype(jnp.float32)
-        kl = chunked_kl(student, teacher, self.head_matrix(), weights, chunk=self.config.ahn.loss_chunk)
+        kl = chunked_kl(student, teacher, self.head_matrix(), weights, chunk=self.config.ahn.loss_chunk,
+                        shards=sequence_shards())
         return kl, jnp.sum(weights)
 
     def flops_per_token(self, seq_len: int) -> float:
