@@ -9,6 +9,9 @@ shard boundary with two primitives:
 * a **halo**, ``previous_tail(x, width)``: the last ``width`` tokens of the previous shard (zeros on
   shard 0), one ``ppermute`` of ``[B, width, ...]``: the short convolutions take ``conv_size - 1`` tokens.
 * an **all-gather** of the row, ``gather_sequence(x)``: attention's keys and values.
+* a **delay** of the row by ``shift`` tokens, ``delayed(x, shift, names)`` (position t holds token
+  ``t - shift``, zeros before the row): a halo of ``shift`` tokens when ``shift`` is a Python int no
+  longer than a shard, else (a traced shift, or a longer one) the gathered row: AHN's evicted stream.
 * a **state prefix scan**, ``incoming_states(transition, final, apply)``: for a linear recurrence
   ``S_t = A_t S_{t-1} + B_t`` each shard runs its chunked pass from a zero state and returns its final
   state ``F_c`` and its transition ``A_c`` (the product of its ``A_t``), so that
@@ -107,6 +110,28 @@ def previous_tail(x: jax.Array, width: int, shards: int) -> jax.Array:
 def gather_sequence(x: jax.Array) -> jax.Array:
     """Inside ``context_map``: ``x [B, T_local, ...]`` of every shard, in order: the whole row ``[B, T, ...]``."""
     return jax.lax.all_gather(x, SEQUENCE_AXIS, axis=1, tiled=True)
+
+
+def delayed(x: jax.Array, shift, names: tuple) -> jax.Array:
+    """``x [B, T, ...]`` (logical axes ``names``, the sequence split over ``context``) delayed by ``shift`` tokens:
+    position t holds ``x_{t - shift}``, zeros for ``t < shift``. A Python-int ``shift`` up to a shard's length
+    moves one halo (``previous_tail``, ``[B, shift, ...]`` per shard); a traced or longer shift gathers the row
+    (``gather_sequence``, ``(C - 1) / C`` of ``[B, T, ...]`` arriving at each shard)."""
+    shards = sequence_shards()
+    static = isinstance(shift, int)
+
+    def local(x, shift_value):
+        length = x.shape[1]
+        if static and shift == 0:
+            return x
+        if static and shift <= length:
+            return jnp.concatenate([previous_tail(x, shift, shards), x[:, :length - shift]], axis=1)
+        row = gather_sequence(x)
+        source = shard_index() * length + jnp.arange(length) - shift_value
+        taken = jnp.take(row, jnp.clip(source, 0, row.shape[1] - 1), axis=1)
+        return jnp.where((source >= 0).reshape((1, length) + (1,) * (x.ndim - 2)), taken, jnp.zeros_like(taken))
+
+    return context_map(local, (x, jnp.asarray(shift, jnp.int32)), (names, ()), names)
 
 
 def diagonal_apply(transition: jax.Array, x: jax.Array) -> jax.Array:

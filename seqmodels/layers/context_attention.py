@@ -36,7 +36,9 @@ it holds of the document open at its last token (``num_sinks`` slots, segment 0 
 not hold that position), the ``C`` offers are all-gathered (``C num_sinks`` tokens) and shard j keeps
 those of shards ``< j``. Among them a query sees the ones of its own document that lie beyond its
 window (those inside it are already in the halo or the shard, and are not counted twice). Scores
-``[B, H, T / C, C num_sinks + window - 1 + T / C]``. A window wider than a shard gathers the row.
+``[B, H, T / C, C num_sinks + window - 1 + T / C]``. A window wider than a shard gathers the row, and so
+does a window or sink count that is traced rather than a Python int (AHN's per-step random window: the
+halo's width must be static).
 
 Departures from the references, and why: MaxText's load-balanced layout (shard c holding chunks c and
 2C - 1 - c so that causal work is equal) pays off with kernels that skip masked blocks; the masked
@@ -77,11 +79,12 @@ def split_attention(q, k, v, segment_ids, positions, *, window: int | None, num_
     if context_impl not in CONTEXT_IMPLS:
         raise ValueError(f"model.attention.context_impl must be one of {CONTEXT_IMPLS}, got {context_impl!r}")
     shards = sequence_shards()
+    static = isinstance(window, int) and isinstance(num_sinks, int)  # else traced (AHN's random window): gather
 
     def local(q, k, v, segments, positions):
         if segments is None:
             segments = jnp.ones_like(positions)  # one document per row
-        if window is not None and window - 1 <= q.shape[1]:
+        if window is not None and static and window - 1 <= q.shape[1]:
             return _windowed(q, k, v, segments, positions, window=window, num_sinks=num_sinks, causal=causal,
                              shards=shards, implementation=implementation)
         if window is None and context_impl == "ring":

@@ -7,7 +7,16 @@ arXiv 2510.07318). Per layer l of the base, with ``h = RMSNorm_l(x)`` and the la
     m_t = Compressor_l(h, q, k, v)_t        the tokens ``sinks <= s <= t - ring`` (``ahn_compressor.py``)
     x  <- x + W_o (a_t + m_t);   x <- x + MLP_l(RMSNorm(x))
 
-The teacher is the same weights with full causal attention. Rows are one stream each (positions
+The teacher is the same weights with full causal attention.
+
+With the row split over ``mesh.context`` (training and the distillation loss; decoding is unchanged) the
+teacher's attention gathers the keys or rings them (``model.attention.context_impl``), the student's window
+takes a halo of the previous shard's last ``ring - 1`` keys / values and the row's sinks
+(``seqmodels.layers.context_attention``), and the compressor a halo of the ``ring`` tokens it evicts next
+and the recurrent state passed by a prefix scan (``ahn_compressor``): communication per layer is the
+teacher's all-gather (or ring) of ``[B, T, Hkv, Dh]`` keys and values, the student's ``ring - 1`` + ``ring``
+token halos and ``C sinks`` sink tokens, and ceil(log2 C) + 1 float32 ``[B, H, Dh, Dh]`` state messages.
+A ``random_window`` draw is traced, so its window and evicted stream gather the row instead of a halo. Rows are one stream each (positions
 ``0 .. T-1``; segment ids are not used: a packed row is one long context). The parameter tree is the
 decoder LM's (``embed``, ``blocks/i/{mixer_norm, mixer, mlp_norm, mlp}``, ``final_norm``, ``head`` when
 untied: what ``seqmodels.hf.load_pretrained_params`` of the base gives) plus one subtree
@@ -33,11 +42,14 @@ from flax import nnx
 from seqmodels.config import ModelConfig
 from seqmodels.layers.attention import attend, visibility_mask
 from seqmodels.layers.common import param
+from seqmodels.layers.context import sequence_is_split
+from seqmodels.layers.context_attention import split_attention
 from seqmodels.layers.mlp import SwiGLU
 from seqmodels.layers.norms import RMSNorm
 from seqmodels.mixers.attention import Attention, _flops as attention_flops
 from seqmodels.models.ahn_compressor import Compressor, compressor_flops_per_token
 from seqmodels.models.ahn_loss import chunked_kl, window_choices
+from seqmodels.sharding import sequence_shards
 
 TRAINABLE_SUBTREE = "ahn"
 
@@ -65,15 +77,20 @@ class AHNBlock(nnx.Module):
         """The teacher: the base layer with full causal attention."""
         h = self.mixer_norm(x)
         q, k, v, _ = self.mixer._project(h, positions)
+        if sequence_is_split(x.shape[1]):
+            return self._finish(x, split_attention(q, k, v, None, positions, window=None, num_sinks=0, causal=True,
+                                                   context_impl=self.mixer.context_impl))
         return self._finish(x, attend(q, k, v))
 
     def windowed(self, x, positions, *, ring, sinks, compress: bool = True):
         """The student (``compress``) or sliding window + sinks alone; ``ring``/``sinks`` may be traced."""
         h = self.mixer_norm(x)
         q, k, v, _ = self.mixer._project(h, positions)
-        ones = jnp.ones(positions.shape, jnp.int32)
-        mask = visibility_mask(ones, positions, ones, positions, window=ring, num_sinks=sinks)
-        heads = attend(q, k, v, mask)
+        if sequence_is_split(x.shape[1]):
+            heads = split_attention(q, k, v, None, positions, window=ring, num_sinks=sinks, causal=True)
+        else:
+            ones = jnp.ones(positions.shape, jnp.int32)
+            heads = attend(q, k, v, visibility_mask(ones, positions, ones, positions, window=ring, num_sinks=sinks))
         if compress:
             heads = heads + self.ahn(h, q, k, v, ring=ring, sinks=sinks).astype(heads.dtype)
         return self._finish(x, heads)
@@ -194,7 +211,8 @@ class AHNModel(nnx.Module):
         teacher = jax.lax.stop_gradient(self.hidden(tokens) if teacher is None else teacher)
         weights = (jnp.arange(tokens.shape[1]) >= window)[None, :] & (batch["loss_mask"] > 0)
         weights = weights.astype(jnp.float32)
-        kl = chunked_kl(student, teacher, self.head_matrix(), weights, chunk=self.config.ahn.loss_chunk)
+        kl = chunked_kl(student, teacher, self.head_matrix(), weights, chunk=self.config.ahn.loss_chunk,
+                        shards=sequence_shards())
         return kl, jnp.sum(weights)
 
     def flops_per_token(self, seq_len: int) -> float:

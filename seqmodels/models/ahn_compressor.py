@@ -22,6 +22,15 @@ and a no-op write (zero key, zero strength, zero log decay) otherwise, so the ke
 (which includes stream token ``t``) is the read-out above. Decoding applies the same rule one evicted
 token at a time (``impl="reference"``).
 
+With the row split over ``mesh.context`` (C shards of ``T / C`` tokens) the evicted stream is the row's
+keys, values and write gates delayed by ``ring`` tokens (``seqmodels.layers.context.delayed``): shard c
+takes the previous shard's last ``ring`` raw keys / values ``[B, ring, Hkv, Dh]`` and gates ``[B, ring, H]``
+as a halo (one ``ppermute``; a traced ``ring`` from ``random_window``, or one longer than a shard, gathers
+the row instead), and the recurrence passes its state between shards by the float32 prefix scan of
+``seqmodels.layers.state_passing`` (``split_gated_delta_rule``: ceil(log2 C) rounds of a ``[B, H, Dh, Dh]``
+state and a ``[Dh, Dh]`` transition per head, two kernel passes per shard; ``split_chunk_gla`` for mamba2:
+a per-head decay as the transition, one pass and a closed-form correction).
+
 Departures from the paper's code (ByteDance-Seed/AHN): the write gates and the read-out gate use the
 layer's input-normalised hidden state of the evicted / current token as there, but the output map is a
 per-head ``[Dh, Dh]`` matrix (the issue's layout, no cross-head mixing) and no optional query
@@ -44,8 +53,10 @@ from flax import nnx
 from pallas_kernels import chunk_gla, gated_delta_rule
 from seqmodels.config import ModelConfig
 from seqmodels.layers.common import Dense, constant_param
+from seqmodels.layers.context import delayed, sequence_is_split
 from seqmodels.layers.decay import a_log_init, dt_bias_init, step_and_log_decay
 from seqmodels.layers.norms import RMSNorm
+from seqmodels.layers.state_passing import split_chunk_gla, split_gated_delta_rule
 from seqmodels.mixers.deltanet import DT_RANGE, l2_normalize
 
 
@@ -57,6 +68,8 @@ class CompressorRule:
     decays: bool
 
 
+KEYS = ("batch", "seq", "kv_heads", None)  # logical axes of the raw keys / values, [B, T, Hkv, Dh]
+GATES = ("batch", "seq", "heads")  # of the write gates, [B, T, H]
 COMPRESSORS = {"gated_deltanet": CompressorRule(delta_rule=True, decays=True),
                "deltanet": CompressorRule(delta_rule=True, decays=False),
                "mamba2": CompressorRule(delta_rule=False, decays=True)}
@@ -68,14 +81,18 @@ def expand_kv_heads(x: jax.Array, heads: int) -> jax.Array:
     return x if groups == 1 else jnp.repeat(x, groups, axis=2)
 
 
-def evicted_stream(x: jax.Array, ring, sinks) -> jax.Array:
+def evicted_stream(x: jax.Array, ring, sinks, names: tuple) -> jax.Array:
     """``x [B, T, ...]`` shifted so position t holds token ``t - ring`` where ``t - ring >= sinks``, else 0.
 
-    ``ring`` and ``sinks`` may be traced integers (a window drawn per step)."""
+    ``ring`` and ``sinks`` may be traced integers (a window drawn per step); ``names`` are the logical axes
+    of ``x``, used when the row is split over ``context`` (the shift then crosses shards: module docstring)."""
     length = x.shape[1]
     source = jnp.arange(length) - ring
     valid = source >= sinks
-    shifted = jnp.take(x, jnp.clip(source, 0, length - 1), axis=1)
+    if sequence_is_split(length):
+        shifted = delayed(x, ring, names)
+    else:
+        shifted = jnp.take(x, jnp.clip(source, 0, length - 1), axis=1)
     return jnp.where(valid.reshape((1, length) + (1,) * (x.ndim - 2)), shifted, jnp.zeros_like(shifted))
 
 
@@ -120,6 +137,16 @@ class Compressor(nnx.Module):
                                     **common)
         return chunk_gla(q, k * strength[..., None].astype(k.dtype), v, log_decay, **common)
 
+    def split_recurrence(self, q, k, v, strength, log_decay):
+        """``o [B, T, H, Dh]`` of ``recurrence`` from a zero state over a row split by ``context``: the state
+        passes between shards (``seqmodels.layers.state_passing``, module docstring)."""
+        common = dict(chunk_size=self.chunk_size, impl=self.impl)
+        if self.rule.delta_rule:
+            return split_gated_delta_rule(q, k, v, strength.astype(q.dtype), log_decay if self.rule.decays else None,
+                                          scale=None, **common)
+        return split_chunk_gla(q, k * strength[..., None].astype(k.dtype), v, log_decay, scale=k.shape[-1] ** -0.5,
+                               **common)
+
     def read_out(self, o: jax.Array, x: jax.Array) -> jax.Array:
         """``m [B, T, H, Dh]``: the gated, normalised state read of each current token mapped per head."""
         gated = self.norm(o, gate=self.gate(x))
@@ -131,9 +158,12 @@ class Compressor(nnx.Module):
 
     def __call__(self, x, q, k, v, *, ring, sinks) -> jax.Array:
         """Training / full-sequence form: ``m [B, T, H, Dh]`` for every position (0 before the first eviction)."""
-        q, k, v = self.features(q, k, v)
         strength, log_decay = self.write_gates(x)
-        k, v, strength, log_decay = (evicted_stream(a, ring, sinks) for a in (k, v, strength, log_decay))
+        k, v = (evicted_stream(a, ring, sinks, KEYS) for a in (k, v))  # raw: the halo moves Hkv heads, not H
+        strength, log_decay = (evicted_stream(a, ring, sinks, GATES) for a in (strength, log_decay))
+        q, k, v = self.features(q, k, v)
+        if sequence_is_split(x.shape[1]):
+            return self.read_out(self.split_recurrence(q, k, v, strength, log_decay), x)
         o, _ = self.recurrence(q, k, v, strength, log_decay)
         return self.read_out(o, x)
 

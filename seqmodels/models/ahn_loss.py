@@ -20,9 +20,14 @@ import jax.numpy as jnp
 import numpy as np
 
 
-def chunked_kl(student, teacher, head, weights, *, chunk: int) -> jax.Array:
+def chunked_kl(student, teacher, head, weights, *, chunk: int, shards: int = 1) -> jax.Array:
     """``sum_t weights_t KL(teacher_t || student_t)``; ``student, teacher [B, T, D]``, ``head [D, V]``,
-    ``weights [B, T]`` float32 (0 drops a position)."""
+    ``weights [B, T]`` float32 (0 drops a position).
+
+    ``shards``: the number of contiguous pieces the row is split into over ``mesh.context``. Chunks then lie
+    within a piece (``chunk`` at most ``T / shards``, each piece padded to whole chunks) and the scan walks
+    every piece's i-th chunk at once, so each device reads only its own positions (no gather of the hidden
+    states) and the pieces' sums add at the end."""
     if student.shape != teacher.shape or student.ndim != 3:
         raise ValueError(f"student and teacher hidden states must be one [B, T, D] shape, got {student.shape} "
                          f"and {teacher.shape}")
@@ -31,12 +36,16 @@ def chunked_kl(student, teacher, head, weights, *, chunk: int) -> jax.Array:
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
     batch, length, width = student.shape
-    chunk = min(chunk, length)
-    padded = -(-length // chunk) * chunk
+    if length % shards:
+        raise ValueError(f"a row of {length} positions cannot be split into {shards} equal pieces")
+    piece = length // shards
+    chunk = min(chunk, piece)
+    padded = -(-piece // chunk) * chunk
 
-    def chunks(x):
-        x = jnp.pad(x, [(0, 0), (0, padded - length)] + [(0, 0)] * (x.ndim - 2))
-        return jnp.swapaxes(x.reshape(batch, padded // chunk, chunk, *x.shape[2:]), 0, 1)
+    def chunks(x):  # [B, T, ...] -> [T / (C chunk), B, C, chunk, ...]: the scan axis leads, the pieces stay apart
+        x = x.reshape(batch, shards, piece, *x.shape[2:])
+        x = jnp.pad(x, [(0, 0), (0, 0), (0, padded - piece)] + [(0, 0)] * (x.ndim - 3))
+        return jnp.moveaxis(x.reshape(batch, shards, padded // chunk, chunk, *x.shape[3:]), 2, 0)
 
     @jax.checkpoint
     def one_chunk(total, pieces):

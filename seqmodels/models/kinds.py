@@ -110,11 +110,12 @@ KINDS: dict[str, ModelKind] = {kind.name: kind for kind in (
               ("perplexity", "recall", "cfl", "ruler"), CAUSAL_LM, context_parallel=True),
     ModelKind("looped", "a looped model", LoopedModel, looped_flops_per_token, None, None, ("cfl",),
               ExportClass("SeqmodelsLoopedForSequenceClassification", "AutoModelForSequenceClassification",
-                          labels=("reject", "accept"))),  # the head's <reject>, <accept> columns
+                          labels=("reject", "accept")),  # the head's <reject>, <accept> columns
+              context_parallel=True),
     ModelKind("ahn", "an AHN run", AHNModel, ahn_flops_per_token, trainable_path,
               BaseCheckpoint("ahn.base", str, _ahn_adopt, _ahn_merge, AHN_COMPRESSOR_LR,
                              "AHN's compressors over a frozen base: the rate of configs/ahn_*.yaml"),
-              ("ahn", "ruler"), CAUSAL_LM),
+              ("ahn", "ruler"), CAUSAL_LM, context_parallel=True),
 )}
 
 

@@ -36,6 +36,13 @@ so a mixed-length training batch computes, row by row, exactly what each example
 (the test ``test_read_out_of_a_mixed_length_batch_equals_each_example_alone``). Evaluation groups
 examples by length (rows of exactly N + 2 tokens), so no work is masked there.
 
+**Context parallelism.** Under ``mesh.context = C`` the padded layout of T_max positions is split into C
+contiguous shards like any row: each block's mixer runs its split form (``seqmodels.layers.context_attention``:
+bidirectional attention gathers the keys, or closes the ring, so [CLS] still reads every symbol; the
+recurrent mixers pass their state). T_max is rounded up to a multiple of C with empty positions (segment 0,
+seen by no query), so the read-out equals the unsplit model's; the read-out gathers one ``[B, D]`` row.
+Communication is the block mixer's, once per loop iteration.
+
 **Remat per loop iteration.** The loop is a ``lax.scan`` over iterations whose body is wrapped in
 ``jax.checkpoint`` when ``model.remat`` is not ``none``. The backward pass then keeps only each
 iteration's input ``x_i`` (``[B, T, D]``) and recomputes the block's internals (attention scores
@@ -60,7 +67,7 @@ from seqmodels.layers.norms import RMSNorm
 from seqmodels.layers.rotary import sinusoidal_positions
 from seqmodels.mixers import check_mixer_names, mixer_flops_per_token
 from seqmodels.models.lm import REMAT_POLICIES, Block
-from seqmodels.sharding import constrain
+from seqmodels.sharding import constrain, sequence_shards
 from seqmodels.special_tokens import ACCEPT_ID, REJECT_ID
 
 
@@ -90,6 +97,12 @@ def row_layout(config: LoopedConfig, lengths: jax.Array, max_length: int) -> dic
     padding = padding_table[lengths]
     return {"length": lengths, "padding": padding, "loops": loops_table[lengths],
             "readout": lengths + padding + 1}
+
+
+def padded_length(config: LoopedConfig, row_length: int, shards: int = 1) -> int:
+    """``T_max = L + P(L - 2)`` positions of the layout, rounded up to a multiple of ``shards`` (module docstring)."""
+    total = row_length + num_padding(config, row_length - 2)
+    return -(-total // shards) * shards
 
 
 def block_config(config: ModelConfig) -> ModelConfig:
@@ -136,7 +149,7 @@ class LoopedModel(nnx.Module):
     def _embed_padded(self, tokens: jax.Array, layout: dict) -> tuple[jax.Array, jax.Array]:
         """``[BOS] w [PAD]*P [CLS]`` embedded on T_max positions ``[B, T, D]``, and which positions are tokens."""
         row_length = tokens.shape[1]
-        total = row_length + num_padding(self.config.looped, row_length - 2)
+        total = padded_length(self.config.looped, row_length, sequence_shards())
         index = jnp.arange(total)[None, :]
         length, readout = layout["length"][:, None], layout["readout"][:, None]
         source = jnp.where(index <= length, index, jnp.where(index == readout, length + 1, 0))

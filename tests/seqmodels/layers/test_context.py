@@ -198,10 +198,15 @@ def test_the_atlas_mixers_state_their_sequential_cost_once_per_note_and_only_whe
 
 
 
-def test_model_kinds_without_a_context_parallel_form_are_refused():
+def test_model_kinds_without_a_context_parallel_form_are_refused(monkeypatch):
+    """Every declared kind (lm, looped, ahn) has a split form; one declared without it is refused, named."""
     from seqmodels.models import check_context_parallel_kind
+    from seqmodels.models.kinds import KINDS
+    assert all(kind.context_parallel for kind in KINDS.values())
     looped = dataclasses.replace(model_config("attention"), kind="looped")
-    check_context_parallel_kind(model_config("attention"), 4)
+    check_context_parallel_kind(looped, 4)
+    monkeypatch.setitem(KINDS, "looped", dataclasses.replace(KINDS["looped"], context_parallel=False))
+    check_context_parallel_kind(looped, 1)
     with pytest.raises(ConfigError, match="mesh.context=4: a looped model \\(model.kind=looped\\) cannot yet run"):
         check_context_parallel_kind(looped, 4)
 
