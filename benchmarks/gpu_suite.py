@@ -235,32 +235,46 @@ def _ms(value) -> str:
 
 
 def markdown(report: dict) -> str:
-    lines = [f"# GPU suite on {report['device']} ({report['backend']})", "", f"`{report['command']}`", "",
-             "## Kernels", "", "| op | shape | impl | fwd ms | fwd+bwd ms | fwd vs first | reference lines |",
+    """The report's tables, one per section that ran."""
+    lines = [f"# GPU suite on {report['device']} ({report['backend']})", "", f"`{report['command']}`"]
+    for section, table in (("kernels", _kernels_markdown), ("packed_attention", _attention_markdown),
+                           ("train_step", _train_markdown), ("atlas_memory", _atlas_markdown),
+                           ("context_parallel", _context_markdown)):
+        if report.get(section):
+            lines += table(report[section])
+    return "\n".join(lines) + "\n"
+
+
+def _kernels_markdown(records: list[dict]) -> list[str]:
+    lines = ["", "## Kernels", "", "| op | shape | impl | fwd ms | fwd+bwd ms | fwd vs first | reference lines |",
              "|---|---|---|---|---|---|---|"]
-    for r in report.get("kernels", []):
+    for r in records:
         ratio = next((v for k, v in r.items() if k.startswith("fwd_time_vs_")), None)
         refs = "; ".join(f"{a['test']} {1e3 * a['s']:.3f} ms" for a in r["reference"])
         lines.append(f"| {r['op']} | {json.dumps(r['shape'])} | {r['impl']} | {_ms(r['fwd_ms'])} | "
                      f"{_ms(r.get('fwdbwd_ms'))} | {ratio:.2f} | {refs} |")
-    lines += ["", "## Attention over packed rows", "", "| impl | fwd ms | fwd+bwd ms | compiled bytes |",
-              "|---|---|---|---|"]
-    for r in report.get("packed_attention", []):
+    return lines
+
+
+def _attention_markdown(records: list[dict]) -> list[str]:
+    lines = ["", "## Attention over packed rows", "", "| impl | fwd ms | fwd+bwd ms | compiled bytes |",
+             "|---|---|---|---|"]
+    for r in records:
         lines.append(f"| {r['impl']} | {_ms(r['fwd_ms'])} | {_ms(r.get('fwdbwd_ms'))} | {r['compiled_bytes']} |")
-    lines += ["", "## Train step", "", "| mixer | params | tokens/s | vs Transformer++ | MFU | compiled bytes | "
-              "device peak bytes |", "|---|---|---|---|---|---|---|"]
-    for r in report.get("train_step", []):
+    return lines
+
+
+def _train_markdown(records: list[dict]) -> list[str]:
+    lines = ["", "## Train step", "", "| mixer | params | tokens/s | vs Transformer++ | MFU | compiled bytes | "
+             "device peak bytes |", "|---|---|---|---|---|---|---|"]
+    for r in records:
         if "error" in r:
             lines.append(f"| {r['mixer']} | failed: {r['error'][:100]} | | | | | |")
             continue
         lines.append(f"| {r['mixer']} | {r['params'] / 1e6:.0f}M | {r['tokens_per_second']:.0f} | "
                      f"{r.get('tokens_per_second_vs_transformer', float('nan')):.2f} | {r['mfu']:.3f} | "
                      f"{r['compiled_bytes']} | {r['device_peak_bytes']} |")
-    if report.get("atlas_memory"):
-        lines += _atlas_markdown(report["atlas_memory"])
-    if report.get("context_parallel"):
-        lines += _context_markdown(report["context_parallel"])
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _ratio(value) -> str:
