@@ -221,7 +221,7 @@ def _atlas_memory_case(shape: dict, ns_granularity: str, impls: tuple[str, ...])
                 shape=dict(B=batch, T=steps, H=heads, F=layout.feature_dim, V=layout.value_dim,
                            hidden=layout.hidden_dim, window=settings.window, chunk=settings.chunk_size,
                            ns_steps=settings.ns_steps, ns_granularity=ns_granularity),
-                dtype=shape["dtype"], make_inputs=make_inputs,
+                dtype=f"float32 (Newton-Schulz {settings.ns_dtype})", make_inputs=make_inputs,
                 functions={impl: atlas_with(impl) for impl in impls}, tokens=batch * steps)
 
 
