@@ -2,6 +2,9 @@
 
     python benchmarks/gpu_suite.py --out results/gpu/            # one H200: gpu_suite.json + gpu_suite.md
     python benchmarks/gpu_suite.py --small --out scratch/gpu_suite  # CPU smoke run (CI): tiny shapes
+    XLA_FLAGS=--xla_force_host_platform_device_count=4 python benchmarks/gpu_suite.py --small \
+        --out scratch/gpu_suite                                     # ... with a simulated 4-device node
+    python benchmarks/gpu_suite.py --out results/gpu/atlas --sections atlas_memory  # one section (--sections a,b)
 
 Sections, each measured in this run (medians of ``--repeats`` calls after a warm-up):
 
@@ -18,6 +21,16 @@ Sections, each measured in this run (medians of ``--repeats`` calls after a warm
   bf16) with one mixer in every layer, T = 4096, 8 rows, ``kernel_impl=auto``: tokens/s, MFU (3 x the
   mixer registry's forward FLOPs per token over the device's peak, ``seqmodels.training.flops``), the
   compiled step's memory and the device's peak bytes, and tokens/s as a ratio to Transformer++.
+- ``atlas_memory``: the Atlas memory op (``pallas_kernels/atlas_memory``, ``impl=auto``) at
+  ``configs/atlas.yaml``'s settings on a one-GPU LM shape (B8 T4096, d_model 512 = 8 heads of 64; window
+  8, chunk 16, 5 Newton-Schulz steps, 2-layer MLP memory, Newton-Schulz in bf16), with
+  ``ns_granularity`` token (the paper's rule) and chunk, forward and forward+backward, beside Gated
+  DeltaNet's op (``gated_delta_rule``) at the same rows and heads: ms and each time over Gated
+  DeltaNet's (``kernel_cases._atlas_memory_cases``). A failure (e.g. out of memory) is recorded as the result.
+- ``context_parallel``: the train step of Transformer++ and Gated DeltaNet on every device of the node
+  with each row split over ``mesh.context = N`` against the same rows split over ``mesh.data = N``
+  (``benchmarks/context_parallel.py``): tokens/s and memory per device, and their ratios. On one device
+  it is skipped, with that reason; ``XLA_FLAGS=--xla_force_host_platform_device_count=4`` runs it on CPU.
 
 Absolute times mean something only on a GPU; ``--small`` checks the plumbing on CPU (Pallas in
 interpret mode), and its ratios are CPU ratios.
@@ -36,10 +49,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks import context_parallel
 from benchmarks import kernels as kernel_bench
 from benchmarks import train_step as train_bench
 from benchmarks.kernel_cases import CASE_BUILDERS, Case, newton_schulz_flops
 
+SECTIONS = ("kernels", "packed_attention", "train_step", "atlas_memory", "context_parallel")
 ANCHORS = Path(__file__).resolve().parent / "anchors"
 TRAIN_MIXERS = ("attention", "swa", "mamba2", "deltanet", "gated_deltanet", "longhorn", "muonssm_mamba2",
                 "muonssm_gated_deltanet", "muonssm_longhorn", "atlas")
@@ -80,7 +95,7 @@ def reference_lines(case: Case, anchors: list[dict]) -> list[dict]:
 
 
 def _kernel_cases(small: bool) -> list[Case]:
-    cases = [case for builder in CASE_BUILDERS.values() for case in builder(small)]
+    cases = [case for op, builder in CASE_BUILDERS.items() if op != "atlas_memory" for case in builder(small)]
     if not small:  # the anchors' second large Newton-Schulz shape
         from pallas_kernels import newton_schulz
         shape = (4096, 11008)
@@ -151,6 +166,50 @@ def run_packed_attention(small: bool, repeats: int) -> list[dict]:
     return records
 
 
+def atlas_ratios(records: list[dict]) -> list[dict]:
+    """Each record with its forward and forward+backward times over Gated DeltaNet's (the first record)."""
+    baseline = records[0] if records and records[0]["op"] == "gated_delta_rule" else {}
+    out = []
+    for record in records:
+        record = dict(record)
+        for key in ("fwd_ms", "fwdbwd_ms"):
+            if record.get(key) and baseline.get(key):
+                record[f"{key.removesuffix('_ms')}_time_vs_gated_deltanet"] = record[key] / baseline[key]
+        out.append(record)
+    return out
+
+
+def _atlas_case_records(case: Case, repeats: int) -> list[dict]:
+    """``run_case``'s records; if forward+backward fails, the forward alone with the error beside it."""
+    try:
+        return kernel_bench.run_case(case, repeats)
+    except Exception as error:  # an OOM or a lowering failure is a result too
+        message = f"{type(error).__name__}: {str(error)[:500]}"
+    try:
+        forward = dataclasses.replace(case, forward_only=tuple(case.functions))
+        return [{**record, "fwdbwd_error": message} for record in kernel_bench.run_case(forward, repeats)]
+    except Exception as error:
+        return [dict(op=case.op, impl=name, shape=case.shape, dtype=case.dtype,
+                     error=f"{type(error).__name__}: {str(error)[:500]}") for name in case.functions]
+
+
+def run_atlas_memory(small: bool, repeats: int) -> list[dict]:
+    records = []
+    for case in CASE_BUILDERS["atlas_memory"](small):
+        records += _atlas_case_records(case, repeats)
+    records = atlas_ratios(records)
+    for record in records:
+        print(json.dumps(record), flush=True)
+    return records
+
+
+def run_context_parallel(small: bool) -> list[dict]:
+    records = context_parallel.run(small)
+    for record in records:
+        print(json.dumps(record), flush=True)
+    return records
+
+
 def run_train_steps(small: bool, mixers: tuple[str, ...]) -> list[dict]:
     from seqmodels.training.flops import peak_flops_per_device
     args = train_bench.parse_args(["--small"] if small else ["--seq-lens", "4096", "--tokens-per-step", "32768"])
@@ -176,28 +235,78 @@ def _ms(value) -> str:
 
 
 def markdown(report: dict) -> str:
-    lines = [f"# GPU suite on {report['device']} ({report['backend']})", "", f"`{report['command']}`", "",
-             "## Kernels", "", "| op | shape | impl | fwd ms | fwd+bwd ms | fwd vs first | reference lines |",
+    """The report's tables, one per section that ran."""
+    lines = [f"# GPU suite on {report['device']} ({report['backend']})", "", f"`{report['command']}`"]
+    for section, table in (("kernels", _kernels_markdown), ("packed_attention", _attention_markdown),
+                           ("train_step", _train_markdown), ("atlas_memory", _atlas_markdown),
+                           ("context_parallel", _context_markdown)):
+        if report.get(section):
+            lines += table(report[section])
+    return "\n".join(lines) + "\n"
+
+
+def _kernels_markdown(records: list[dict]) -> list[str]:
+    lines = ["", "## Kernels", "", "| op | shape | impl | fwd ms | fwd+bwd ms | fwd vs first | reference lines |",
              "|---|---|---|---|---|---|---|"]
-    for r in report["kernels"]:
+    for r in records:
         ratio = next((v for k, v in r.items() if k.startswith("fwd_time_vs_")), None)
         refs = "; ".join(f"{a['test']} {1e3 * a['s']:.3f} ms" for a in r["reference"])
         lines.append(f"| {r['op']} | {json.dumps(r['shape'])} | {r['impl']} | {_ms(r['fwd_ms'])} | "
                      f"{_ms(r.get('fwdbwd_ms'))} | {ratio:.2f} | {refs} |")
-    lines += ["", "## Attention over packed rows", "", "| impl | fwd ms | fwd+bwd ms | compiled bytes |",
-              "|---|---|---|---|"]
-    for r in report["packed_attention"]:
+    return lines
+
+
+def _attention_markdown(records: list[dict]) -> list[str]:
+    lines = ["", "## Attention over packed rows", "", "| impl | fwd ms | fwd+bwd ms | compiled bytes |",
+             "|---|---|---|---|"]
+    for r in records:
         lines.append(f"| {r['impl']} | {_ms(r['fwd_ms'])} | {_ms(r.get('fwdbwd_ms'))} | {r['compiled_bytes']} |")
-    lines += ["", "## Train step", "", "| mixer | params | tokens/s | vs Transformer++ | MFU | compiled bytes | "
-              "device peak bytes |", "|---|---|---|---|---|---|---|"]
-    for r in report["train_step"]:
+    return lines
+
+
+def _train_markdown(records: list[dict]) -> list[str]:
+    lines = ["", "## Train step", "", "| mixer | params | tokens/s | vs Transformer++ | MFU | compiled bytes | "
+             "device peak bytes |", "|---|---|---|---|---|---|---|"]
+    for r in records:
         if "error" in r:
             lines.append(f"| {r['mixer']} | failed: {r['error'][:100]} | | | | | |")
             continue
         lines.append(f"| {r['mixer']} | {r['params'] / 1e6:.0f}M | {r['tokens_per_second']:.0f} | "
                      f"{r.get('tokens_per_second_vs_transformer', float('nan')):.2f} | {r['mfu']:.3f} | "
                      f"{r['compiled_bytes']} | {r['device_peak_bytes']} |")
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def _ratio(value) -> str:
+    return "" if value is None else f"{value:.2f}"
+
+
+def _atlas_markdown(records: list[dict]) -> list[str]:
+    lines = ["", "## Atlas memory op against Gated DeltaNet", "",
+             "| op | ns_granularity | shape | impl | fwd ms | fwd+bwd ms | fwd vs GDN | fwd+bwd vs GDN | error |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in records:
+        error = r.get("error") or r.get("fwdbwd_error") or ""
+        lines.append(f"| {r['op']} | {r['shape'].get('ns_granularity', '')} | {json.dumps(r['shape'])} | {r['impl']} | "
+                     f"{_ms(r.get('fwd_ms'))} | {_ms(r.get('fwdbwd_ms'))} | {_ratio(r.get('fwd_time_vs_gated_deltanet'))} | "
+                     f"{_ratio(r.get('fwdbwd_time_vs_gated_deltanet'))} | {error[:100]} |")
+    return lines
+
+
+def _context_markdown(records: list[dict]) -> list[str]:
+    lines = ["", "## Context parallelism on one node", "",
+             "| mixer | layout | T | rows | tokens/s | vs data layout | compiled bytes / device | vs data layout | "
+             "device peak bytes | loss |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in records:
+        if "skipped" in r or "error" in r:
+            lines.append(f"| {r['mixer']} | {r.get('layout', '')} | {'skipped' if 'skipped' in r else 'failed'}: "
+                         f"{(r.get('skipped') or r.get('error'))[:100]} | | | | | | | |")
+            continue
+        lines.append(f"| {r['mixer']} | {r['layout']} | {r['seq_len']} | {r['batch_size']} | "
+                     f"{r['tokens_per_second']:.0f} | {_ratio(r.get('tokens_per_second_vs_data'))} | "
+                     f"{r['compiled_bytes_per_device']} | {_ratio(r.get('compiled_bytes_vs_data'))} | "
+                     f"{r['device_peak_bytes']} | {r['loss']:.5f} |")
+    return lines
 
 
 def main(argv=None) -> int:
@@ -206,9 +315,13 @@ def main(argv=None) -> int:
     parser.add_argument("--small", action="store_true", help="tiny shapes: a CPU smoke run")
     parser.add_argument("--repeats", type=int, default=None, help="timed calls per function (default 10, --small 1)")
     parser.add_argument("--mixers", default=",".join(TRAIN_MIXERS), help="train-step mixers")
+    parser.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated sections to run")
     parser.add_argument("--anchors", default=str(ANCHORS), help="directory of the anchor JSON lines")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     mixers = tuple(filter(None, args.mixers.split(",")))
+    sections = tuple(filter(None, args.sections.split(",")))
+    if set(sections) - set(SECTIONS):
+        parser.error(f"unknown sections {sorted(set(sections) - set(SECTIONS))}; known: {SECTIONS}")
     import seqmodels.mixers  # noqa: F401  (registers every mixer)
     from seqmodels.mixers.registry import MIXERS
     unknown = [m for m in mixers if m not in MIXERS]
@@ -218,9 +331,13 @@ def main(argv=None) -> int:
     report = {"command": " ".join(["python benchmarks/gpu_suite.py", *(sys.argv[1:] if argv is None else argv)]),
               "backend": jax.default_backend(), "device": jax.devices()[0].device_kind,
               "platform": platform.platform(), "small": args.small}
-    report["kernels"] = run_kernels(args.small, repeats, load_anchors(Path(args.anchors)))
-    report["packed_attention"] = run_packed_attention(args.small, repeats)
-    report["train_step"] = run_train_steps(args.small, mixers)
+    runs = {"kernels": lambda: run_kernels(args.small, repeats, load_anchors(Path(args.anchors))),
+            "packed_attention": lambda: run_packed_attention(args.small, repeats),
+            "train_step": lambda: run_train_steps(args.small, mixers),
+            "atlas_memory": lambda: run_atlas_memory(args.small, repeats),
+            "context_parallel": lambda: run_context_parallel(args.small)}
+    for section in SECTIONS:
+        report[section] = runs[section]() if section in sections else []
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "gpu_suite.json").write_text(json.dumps(report, indent=1) + "\n")

@@ -167,10 +167,99 @@ def _newton_schulz_cases(small: bool) -> list[Case]:
     return cases
 
 
+# Atlas against Gated DeltaNet: configs/atlas.yaml's memory settings at a one-GPU LM shape (d_model 512,
+# 8 heads of 64, 8 rows of 4096 tokens); small: 1 row of 64 tokens, 2 heads of 32.
+ATLAS_SHAPE = dict(B=8, T=4096, d_model=512, H=8, dtype="bfloat16")
+ATLAS_SMALL_SHAPE = dict(B=1, T=64, d_model=64, H=2, dtype="float32")
+
+
+def _atlas_config(shape: dict, ns_granularity: str):
+    """``configs/atlas.yaml`` at ``shape`` (d_model, heads, compute dtype) with ``ns_granularity``."""
+    from pathlib import Path
+
+    from seqmodels.config_io import load_config
+    config = Path(__file__).resolve().parents[1] / "configs" / "atlas.yaml"
+    return load_config(config, [f"model.d_model={shape['d_model']}", f"model.num_heads={shape['H']}",
+                                f"model.max_seq_len={shape['T']}", f"data.seq_len={shape['T']}",
+                                f"model.compute_dtype={shape['dtype']}",
+                                f"model.atlas.ns_granularity={ns_granularity}"]).model
+
+
+def _atlas_memory_case(shape: dict, ns_granularity: str, impls: tuple[str, ...]) -> Case:
+    """The Atlas memory op as the mixer calls it: unit keys / queries through the polynomial feature map,
+    gates drawn in the config's ranges, one document per row, ``M_0`` at the mixer's initial scale."""
+    from pallas_kernels.atlas_memory import AtlasInputs, atlas_memory
+    from seqmodels.mixers.atlas import atlas_settings, feature_map, initial_coefficients
+    model = _atlas_config(shape, ns_granularity)
+    settings, atlas = atlas_settings(model), model.atlas
+    batch, steps, heads, head_dim = shape["B"], shape["T"], shape["H"], model.head_dim
+    coefficients = jnp.broadcast_to(initial_coefficients(atlas.poly_degree), (heads, atlas.poly_degree))
+    segment_ids = jnp.ones((batch, steps), jnp.int32)
+    ranges = (atlas.alpha_range, atlas.theta_range, atlas.eta_range, atlas.gamma_range)
+
+    def make_inputs():
+        keys = jax.random.split(jax.random.PRNGKey(0), 8)
+        unit = [x / jnp.linalg.norm(x, axis=-1, keepdims=True)
+                for x in (jax.random.normal(key, (batch, steps, heads, head_dim)) for key in keys[:2])]
+        phi_k, phi_q = (feature_map(x, coefficients, atlas.poly_key_dim) for x in unit)
+        values = jax.random.normal(keys[2], (batch, steps, heads, head_dim))
+        gates = tuple(_random(key, (batch, steps, heads), jnp.float32, low, high)
+                      for key, (low, high) in zip(keys[3:7], ranges))
+        memory = tuple(_random(key, (heads, m, n), jnp.float32) * m**-0.5
+                       for key, (m, n) in zip(jax.random.split(keys[7], len(settings.layout.shapes)),
+                                              settings.layout.shapes))
+        return (phi_k, values, phi_q, *gates, *memory)
+
+    def atlas_with(impl):
+        def run(phi_k, values, phi_q, alpha, theta, eta, gamma, *memory):
+            inputs = AtlasInputs(phi_k, values, phi_q, alpha, theta, eta, gamma, segment_ids)
+            return atlas_memory(inputs, memory, settings, impl=impl)
+        return run
+
+    layout = settings.layout
+    return Case(op="atlas_memory",
+                shape=dict(B=batch, T=steps, H=heads, F=layout.feature_dim, V=layout.value_dim,
+                           hidden=layout.hidden_dim, window=settings.window, chunk=settings.chunk_size,
+                           ns_steps=settings.ns_steps, ns_granularity=ns_granularity),
+                dtype=f"float32 (Newton-Schulz {settings.ns_dtype})", make_inputs=make_inputs,
+                functions={impl: atlas_with(impl) for impl in impls}, tokens=batch * steps)
+
+
+def _atlas_memory_cases(small: bool) -> list[Case]:
+    """Gated DeltaNet's op at the Atlas shape, then the Atlas op with ``ns_granularity`` token and chunk.
+
+    The delta rule is the baseline: the same rows, heads and head dimension (K = V = 64), its
+    ``model.deltanet.chunk_size``, in the compute dtype; the Atlas op runs in float32 as in the mixer
+    (Newton-Schulz operands in the compute dtype). ``benchmarks/gpu_suite.py`` reports each Atlas
+    time over the delta rule's of the same run.
+    """
+    shape = ATLAS_SMALL_SHAPE if small else ATLAS_SHAPE
+    model = _atlas_config(shape, "token")
+    batch, steps, heads, head_dim = shape["B"], shape["T"], shape["H"], model.head_dim
+    chunk_size, dtype = model.deltanet.chunk_size, jnp.dtype(shape["dtype"])
+
+    def make_inputs():
+        keys = jax.random.split(jax.random.PRNGKey(0), 5)
+        q, k = (jax.random.normal(key, (batch, steps, heads, head_dim)) for key in keys[:2])
+        return (q.astype(dtype), (k / jnp.linalg.norm(k, axis=-1, keepdims=True)).astype(dtype),
+                _random(keys[2], (batch, steps, heads, head_dim), dtype),
+                jax.nn.sigmoid(jax.random.normal(keys[3], (batch, steps, heads))).astype(dtype),
+                jax.nn.log_sigmoid(4.0 + jax.random.normal(keys[4], (batch, steps, heads))).astype(dtype))
+
+    def rule(q, k, v, beta, g):
+        return gated_delta_rule(q, k, v, beta, g, chunk_size=chunk_size, impl="auto")[0]
+
+    baseline = Case(op="gated_delta_rule", shape=dict(B=batch, T=steps, H=heads, K=head_dim, V=head_dim,
+                                                       chunk=chunk_size),
+                    dtype=dtype.name, make_inputs=make_inputs, functions={"auto": rule}, tokens=batch * steps)
+    return [baseline] + [_atlas_memory_case(shape, granularity, ("auto",)) for granularity in ("token", "chunk")]
+
+
 # Add an op here: a builder returning its cases.
 CASE_BUILDERS: dict[str, Callable[[bool], list[Case]]] = {
     "linear_scan": _linear_scan_cases,
     "chunk_gla": _chunk_gla_cases,
     "gated_delta_rule": _gated_delta_rule_cases,
     "newton_schulz": _newton_schulz_cases,
+    "atlas_memory": _atlas_memory_cases,
 }

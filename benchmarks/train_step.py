@@ -54,6 +54,22 @@ def _memory(compiled) -> int | None:
                - analysis.alias_size_in_bytes)
 
 
+def time_steps(compiled, state, batch, warmup: int, steps: int) -> tuple[float, dict]:
+    """Median seconds of ``steps`` calls of the compiled (state-donating) step after ``warmup`` calls, and the
+    last call's metrics."""
+    import jax
+    for _ in range(warmup):
+        state, metrics = compiled(state, batch)
+    jax.block_until_ready(state)
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        state, metrics = compiled(state, batch)
+        jax.block_until_ready(metrics)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), metrics
+
+
 def run_case(args, mixer: str, impl: str, seq_len: int) -> dict:
     """Time one case in this process (see the module docstring)."""
     import jax
@@ -75,16 +91,7 @@ def run_case(args, mixer: str, impl: str, seq_len: int) -> dict:
     batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:], "loss_mask": jnp.ones((batch_size, seq_len))}
     step = jax.jit(make_train_step(graphdef, optimizer, lambda count: 1e-4), donate_argnums=0)
     compiled = step.lower(state, batch).compile()
-    for _ in range(args.warmup):
-        state, metrics = compiled(state, batch)
-    jax.block_until_ready(metrics)
-    times = []
-    for _ in range(args.steps):
-        start = time.perf_counter()
-        state, metrics = compiled(state, batch)
-        jax.block_until_ready(metrics)
-        times.append(time.perf_counter() - start)
-    step_time = statistics.median(times)
+    step_time, metrics = time_steps(compiled, state, batch, args.warmup, args.steps)
     stats = jax.devices()[0].memory_stats() or {}
     return {"mixer": mixer, "impl": impl, "seq_len": seq_len, "batch_size": batch_size,
             "params": sum(int(x.size) for x in jax.tree.leaves(params)),
