@@ -59,11 +59,15 @@ KERNEL_SOURCES = {  # op -> (module, function name) of the package that provides
 _FOUND: dict[str, Kernel | None] = {}
 
 
+def _check_op(op: str) -> None:
+    if op not in KERNEL_SOURCES:
+        raise ValueError(f"unknown kernel op {op!r}; ops: {', '.join(KERNEL_SOURCES)}")
+
+
 def register_kernel(op: str, function: Callable, devices=("cuda",), name: str | None = None) -> None:
     """Make ``function`` (the signature of ``KERNEL_SOURCES[op]``'s function) the kernel of ``op`` on ``devices``
     for every layer built from now on; ``function`` None forgets it (the next layer looks the package up again)."""
-    if op not in KERNEL_SOURCES:
-        raise ValueError(f"unknown kernel op {op!r}; ops: {', '.join(KERNEL_SOURCES)}")
+    _check_op(op)
     if function is None:
         _FOUND.pop(op, None)
         return
@@ -75,8 +79,7 @@ def register_kernel(op: str, function: Callable, devices=("cuda",), name: str | 
 
 def find_kernel(op: str) -> Kernel | None:
     """``op``'s kernel, or None where its package is missing or there is no CUDA device (the module docstring)."""
-    if op not in KERNEL_SOURCES:
-        raise ValueError(f"unknown kernel op {op!r}; ops: {', '.join(KERNEL_SOURCES)}")
+    _check_op(op)
     if op not in _FOUND:
         module, function = KERNEL_SOURCES[op]
         found = None
@@ -124,13 +127,12 @@ def kernels_in(model: nn.Module) -> dict[str, str]:
             for op, kernel in module.kernels.items() if kernel is not None}
 
 
-def _no_op_padding(valid, log_decay, *zeroed):
-    """``log_decay`` 0 and each of ``zeroed`` ([B, T, H, ...]) 0 at padded steps (``valid [B, T]`` False)."""
-    if valid is None or bool(valid.all()):
-        return (log_decay.float(), *(x.float() for x in zeroed))
-    real = valid[:, :, None]
-    return (torch.where(real, log_decay.float(), 0.0),
-            *(torch.where(real.reshape(real.shape + (1,) * (x.ndim - 3)), x.float(), 0.0) for x in zeroed))
+def _zero_at_padding(valid, *inputs):
+    """Each of ``inputs`` ([B, T, H, ...]) in float32, 0 at padded steps (``valid [B, T]`` False): a step with zero
+    log decay and zero ``beta`` / ``k`` / ``Delta`` leaves the state as it was. No host sync: always ``where``."""
+    if valid is None:
+        return tuple(x.float() for x in inputs)
+    return tuple(torch.where(valid.reshape(valid.shape + (1,) * (x.ndim - 2)), x.float(), 0.0) for x in inputs)
 
 
 def delta_rule(layer: KernelChoice, q, k, v, beta, log_decay, state, valid=None, chunk_size=64, gated=True):
@@ -138,7 +140,7 @@ def delta_rule(layer: KernelChoice, q, k, v, beta, log_decay, state, valid=None,
     kernel = layer.kernel("gated_delta_rule" if gated else "delta_rule", q)
     if kernel is None:
         return chunk_delta_rule(q, k, v, beta, log_decay, state, valid, chunk_size=chunk_size)
-    log_decay, beta = _no_op_padding(valid, log_decay, beta)
+    log_decay, beta = _zero_at_padding(valid, log_decay, beta)
     scale, q, k, v = q.shape[-1] ** -0.5, q.float(), k.float(), v.float()
     if gated:
         o, final = kernel.function(q, k, v, log_decay, beta, scale=scale, initial_state=state.float(),
@@ -153,7 +155,7 @@ def gated_linear(layer: KernelChoice, q, k, v, log_decay, state, valid=None, chu
     kernel = layer.kernel("simple_gla", q)
     if kernel is None:
         return chunk_gated_linear(q, k, v, log_decay, state, valid, chunk_size=chunk_size, scale=scale)
-    log_decay, k = _no_op_padding(valid, log_decay, k)
+    log_decay, k = _zero_at_padding(valid, log_decay, k)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     o, final = kernel.function(q.float(), k, v.float(), g=log_decay, scale=scale, initial_state=state.float(),
                                output_final_state=True)
@@ -164,7 +166,7 @@ def ssd(kernel: Kernel, c, b, x, delta, a, state, valid=None, chunk_size=64):
     """Mamba2's scan by mamba_ssm's ``kernel``: ``(y [B, T, H, P], final state [B, H, N, P])`` of
     ``h = exp(Delta A) h + b (Delta x)^T``, ``y = h^T c`` (``c, b [B, T, N]`` shared by the heads, ``x [B, T, H, P]``,
     ``delta [B, T, H]``, ``a [H]`` < 0); the same as ``gated_linear`` of ``(c, b, Delta x, Delta A)`` with scale 1."""
-    (delta,) = _no_op_padding(valid, delta)
+    (delta,) = _zero_at_padding(valid, delta)
     y, final = kernel.function(x.float(), delta, a.float(), b.float()[:, :, None], c.float()[:, :, None], chunk_size,
                                initial_states=state.float().transpose(-1, -2).contiguous(), return_final_states=True)
     return y.float(), final.float().transpose(-1, -2)
