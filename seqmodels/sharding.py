@@ -7,9 +7,14 @@ mesh axis (``data``, ``fsdp``, ``context``, ``tensor``) a logical axis is split 
 
     batch      -> (data, fsdp)   sequences are split over every data-parallel axis
     seq        -> context        each row's tokens are split into contiguous shards (context parallelism)
-    embed      -> fsdp           parameters are sharded over fsdp on their model dimension
+    embed      -> (fsdp, context) parameters (and their optimizer state) are sharded over fsdp and context on
+                                 their model dimension: a context shard holds its share of the weights
+                                 as an fsdp shard does (MaxText's rule), all-gathered for each matmul
     mlp, heads, kv_heads, vocab -> tensor
     everything else (head_dim, state, conv, layers, ...) -> replicated
+
+A mesh axis is used at most once per spec, the first logical axis claiming it winning: an activation
+``("batch", "seq", "embed")`` keeps its model dimension whole (batch took fsdp, seq took context).
 
 Under ``mesh.context > 1`` the operations that mix tokens run per shard with explicit collectives
 (``seqmodels.layers.context``); everything token-wise (projections, MLPs, norms, the loss) is plain
@@ -38,7 +43,7 @@ SEQUENCE_AXIS = "context"
 RULES: dict[str, tuple[str, ...]] = {
     "batch": ("data", "fsdp"),
     "seq": (SEQUENCE_AXIS,),
-    "embed": ("fsdp",),
+    "embed": ("fsdp", SEQUENCE_AXIS),
     "mlp": ("tensor",),
     "heads": ("tensor",),
     "kv_heads": ("tensor",),

@@ -141,19 +141,46 @@ def test_a_split_sequence_compiles_for_tpu_with_the_mosaic_kernels_inside_each_s
 
 
 @pytest.mark.slow
-def test_every_registered_mixer_compiles_for_tpu_under_auto(aot):
+@pytest.mark.timeout(2400)  # twelve mixers at these lengths: 10-16 minutes of compiling on 2 loaded cores
+@pytest.mark.parametrize("seq_len", [8192, 32768])
+def test_every_registered_mixer_compiles_for_tpu_at_long_rows_per_chip_under_auto(aot, seq_len):
     """One layer of each mixer in the registry (a newly registered one is compiled without a test of its
-    own), ``model.kernel_impl`` and ``optim.muon_impl`` left at auto: each composed op resolves auto for
-    itself, so Atlas's Newton-Schulz is the Mosaic kernel while its scans, which have no Mosaic kernel,
-    are XLA (Atlas once passed the resolved ``pallas_tpu`` down to them and failed)."""
+    own), one row of ``seq_len`` tokens per chip under fsdp with full remat, ``model.kernel_impl`` and
+    ``optim.muon_impl`` left at auto. At 8,192 tokens per chip the compiler once aborted
+    (``TransformWindow: split of a padded window dim``, from the projections' dots: ``layers/common.Dense``).
+    Each composed op resolves auto for itself, so Atlas's Newton-Schulz is the Mosaic kernel while its
+    scans, which have no Mosaic kernel, are XLA (Atlas once passed the resolved ``pallas_tpu`` down to
+    them and failed)."""
     mixers = sorted(MIXERS)
     report = aot.compile("v5e:2x2", "configs/atlas.yaml",
-                         TINY + [f"model.mixers=[{', '.join(mixers)}]", "optim.name=muon",
-                                 "model.compute_dtype=bfloat16", "model.atlas.poly_key_dim=4",
-                                 "model.atlas.memory_expansion=1"])
-    assert report["mixers"] == mixers
+                         ["model.d_model=128", "model.num_heads=4", f"model.mixers=[{', '.join(mixers)}]",
+                          "optim.name=muon", "model.compute_dtype=bfloat16", "model.remat=full", "mesh.data=1",
+                          "mesh.fsdp=4", "train.batch_size=4", f"data.seq_len={seq_len}",
+                          f"model.max_seq_len={seq_len}", "model.atlas.poly_key_dim=4",
+                          "model.atlas.memory_expansion=1"])
+    assert report["mixers"] == mixers and report["batch_size"] * report["seq_len"] == 4 * seq_len
     assert report["num_devices"] == 4 and report["temp_bytes"] > 0 and report["flops"] > 0
     assert report["mosaic_kernels"] >= 3, report  # Newton-Schulz (Atlas, MuonSSM, Muon), the gated delta rule
+
+
+@pytest.mark.slow
+def test_a_row_split_over_eight_chips_needs_about_one_chips_memory_of_rows_an_eighth_as_long(aot):
+    """v5e-8: one row of 65,536 tokens under ``mesh.context=8`` (8,192 tokens per chip) against eight rows of
+    8,192 under fsdp, Gated DeltaNet: the split's per-chip peak stays within 1.5x (the halo, the state chain
+    and the all-gathered weights are what it adds; benchmarks/results/context_memory has the 350M rows).
+    Softmax attention is not held to this: its per-shard scores, ``[H, T / C, T]`` gathered or one query
+    tile per round in the ring, outgrow the unsplit splash kernel (the same table)."""
+    # The 350M rows' width (d_model 1024, 8 heads of 128, vocabulary 32768) in 2 scanned layers: at a toy
+    # width the state chain's [K, K] transitions and widened pass outweigh the activations they sit beside.
+    overrides = ["model.d_model=1024", "model.num_heads=8", "model.mixers=[gated_deltanet] * 2",
+                 "model.vocab_size=32768", "model.scan_layers=true", "model.remat=full",
+                 "model.compute_dtype=bfloat16", "model.max_seq_len=65536", "mesh.data=1"]
+    whole = aot.compile("v5e:2x4", "configs/gated_deltanet.yaml",
+                        overrides + ["mesh.fsdp=8", "train.batch_size=8", "data.seq_len=8192"])
+    split = aot.compile("v5e:2x4", "configs/gated_deltanet.yaml",
+                        overrides + ["mesh.context=8", "train.batch_size=1", "data.seq_len=65536"])
+    assert split["mesh"]["context"] == 8 and whole["mesh"]["fsdp"] == 8
+    assert split["peak_bytes"] <= 1.5 * whole["peak_bytes"], (split["peak_bytes"], whole["peak_bytes"])
 
 
 @pytest.mark.slow
