@@ -9,6 +9,11 @@ shard boundary with two primitives:
 * a **halo**, ``previous_tail(x, width)``: the last ``width`` tokens of the previous shard (zeros on
   shard 0), one ``ppermute`` of ``[B, width, ...]``: the short convolutions take ``conv_size - 1`` tokens.
 * an **all-gather** of the row, ``gather_sequence(x)``: attention's keys and values.
+* a **re-layout** into the load-balanced order and back, ``to_balanced(x)`` / ``from_balanced(x)``: with
+  the row cut into 2C chunks of ``T / (2C)`` tokens, shard c holds chunks c and ``2C - 1 - c`` instead of
+  ``2c`` and ``2c + 1``, so causal attention's work is equal on every shard. Each shard's first half holds
+  an even chunk and its second half an odd one or the reverse, and the even chunks (likewise the odd
+  ones) move by a permutation of the shards: two ``ppermute`` of ``[B, T / (2C), ...]`` each way.
 * a **delay** of the row by ``shift`` tokens, ``delayed(x, shift, names)`` (position t holds token
   ``t - shift``, zeros before the row): a halo of ``shift`` tokens when ``shift`` is a Python int no
   longer than a shard, else (a traced shift, or a longer one) the gathered row: AHN's evicted stream.
@@ -110,6 +115,40 @@ def previous_tail(x: jax.Array, width: int, shards: int) -> jax.Array:
 def gather_sequence(x: jax.Array) -> jax.Array:
     """Inside ``context_map``: ``x [B, T_local, ...]`` of every shard, in order: the whole row ``[B, T, ...]``."""
     return jax.lax.all_gather(x, SEQUENCE_AXIS, axis=1, tiled=True)
+
+
+def balanced_shard(chunk: int, shards: int) -> int:
+    """The shard that holds ``chunk`` (of the row's ``2 shards`` chunks) in the load-balanced layout."""
+    return chunk if chunk < shards else 2 * shards - 1 - chunk
+
+
+def _check_halves(x: jax.Array) -> int:
+    if x.shape[1] % 2:
+        raise ValueError(f"the load-balanced layout cuts each shard into two halves; a shard of {x.shape[1]} tokens "
+                         "cannot be: make data.seq_len a multiple of 2 * mesh.context, or set "
+                         "model.attention.context_layout=contiguous")
+    return x.shape[1] // 2
+
+
+def to_balanced(x: jax.Array, shards: int) -> jax.Array:
+    """Inside ``context_map``: ``x [B, T_local, ...]`` of the contiguous layout (shard c holds chunks 2c and
+    2c + 1 of the row's 2C) in the load-balanced one (shard c holds chunks c and 2C - 1 - c, in that order)."""
+    half = _check_halves(x)
+    even = jax.lax.ppermute(x[:, :half], SEQUENCE_AXIS, [(c, balanced_shard(2 * c, shards)) for c in range(shards)])
+    odd = jax.lax.ppermute(x[:, half:], SEQUENCE_AXIS, [(c, balanced_shard(2 * c + 1, shards)) for c in range(shards)])
+    first_is_even = shard_index() % 2 == 0  # shard c's first chunk is chunk c
+    return jnp.where(first_is_even, jnp.concatenate([even, odd], axis=1), jnp.concatenate([odd, even], axis=1))
+
+
+def from_balanced(x: jax.Array, shards: int) -> jax.Array:
+    """Inside ``context_map``: the inverse of ``to_balanced``."""
+    half = _check_halves(x)
+    first_is_even = shard_index() % 2 == 0
+    even = jnp.where(first_is_even, x[:, :half], x[:, half:])
+    odd = jnp.where(first_is_even, x[:, half:], x[:, :half])
+    even = jax.lax.ppermute(even, SEQUENCE_AXIS, [(balanced_shard(2 * c, shards), c) for c in range(shards)])
+    odd = jax.lax.ppermute(odd, SEQUENCE_AXIS, [(balanced_shard(2 * c + 1, shards), c) for c in range(shards)])
+    return jnp.concatenate([even, odd], axis=1)
 
 
 def delayed(x: jax.Array, shift, names: tuple) -> jax.Array:

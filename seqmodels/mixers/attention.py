@@ -17,7 +17,8 @@ Keys/values may have fewer heads than queries (grouped-query attention, ``num_kv
 keys are visible is the rule of ``seqmodels.layers.attention``. Transformer++ is this mixer in every
 layer, each followed by a SwiGLU MLP, pre-RMSNorm. With the sequence split over ``mesh.context``
 every shard's queries attend to the gathered keys, or to key blocks passed round a ring
-(``model.attention.context_impl``), a sliding window to a halo (``seqmodels.layers.context_attention``).
+(``model.attention.context_impl``; causal blocks load-balanced by ``context_layout``), a sliding window to a
+halo (``seqmodels.layers.context_attention``).
 
 FLOPs per token (forward): projections ``2 D (2 H Dh + 2 Hkv Dh)`` (plus ``2 K (H + 2 Hkv) Dh`` for
 the convolution) plus scores and values
@@ -67,6 +68,11 @@ class AttentionConfig:
         "values: [T / C, T] scores per shard) or ring (key/value blocks pass shard to shard in C - 1 ppermute "
         "rounds under an online softmax: [T / C, T / C] scores per round); a sliding window takes a halo under "
         "either (when window - 1 <= T / C)", "gather")
+    context_layout: Literal["balanced", "contiguous"] = describe(
+        "order of the ring's causal blocks under mesh.context (context_impl=ring, causal full attention): balanced "
+        "(inside the attention call the row's 2C half-shards are re-laid so shard c holds halves c and 2C - 1 - c: "
+        "every shard folds 2C + 1 half-by-half blocks, against 4 (c + 1) for shard c contiguous; needs T / C even) "
+        "or contiguous (no re-layout); the gather and bidirectional attention ignore it", "balanced")
     conv_kernel: int = describe("width of a short causal depthwise convolution over q, k, v; 0 = none", 0)
     causal: bool = describe("causal (a query sees keys up to itself) or bidirectional (every key of its segment); "
                             "the looped model sets it from model.looped.attention", True)
@@ -117,7 +123,7 @@ class Attention(AttentionProjections):
     def __init__(self, config: ModelConfigBase, *, window: int | None, num_sinks: int, rngs: nnx.Rngs):
         super().__init__(config, rngs=rngs)
         self.window, self.num_sinks, self.causal = window, num_sinks, config.attention.causal
-        self.context_impl = config.attention.context_impl
+        self.context_impl, self.context_layout = config.attention.context_impl, config.attention.context_layout
         if window is not None and not self.causal:
             raise ConfigError("model.attention.causal = false is bidirectional full attention; the sliding-window "
                               "mixer (swa) is causal only")
@@ -162,7 +168,8 @@ class Attention(AttentionProjections):
             cache = {**update_kv_cache(cache, k, v, positions, **rule), **conv_cache}
         elif sequence_is_split(length):
             out = split_attention(q, k, v, segment_ids, positions, causal=self.causal,
-                                  implementation=self.implementation, context_impl=self.context_impl, **rule)
+                                  implementation=self.implementation, context_impl=self.context_impl,
+                                  context_layout=self.context_layout, **rule)
         else:
             out = attend_rows(q, k, v, segment_ids, positions, causal=self.causal,
                               implementation=self.implementation, **rule)

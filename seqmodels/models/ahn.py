@@ -79,7 +79,8 @@ class AHNBlock(nnx.Module):
         q, k, v, _ = self.mixer._project(h, positions)
         if sequence_is_split(x.shape[1]):
             return self._finish(x, split_attention(q, k, v, None, positions, window=None, num_sinks=0, causal=True,
-                                                   context_impl=self.mixer.context_impl))
+                                                   context_impl=self.mixer.context_impl,
+                                                   context_layout=self.mixer.context_layout))
         return self._finish(x, attend(q, k, v))
 
     def windowed(self, x, positions, *, ring, sinks, compress: bool = True):

@@ -159,8 +159,10 @@ def test_titans_matches_one_device_on_packed_rows():
     assert_split_equals_one_device(model_config("atlas", atlas=titans), data=2)
 
 
-def test_attention_by_ring_matches_one_device_on_packed_rows():
-    assert_split_equals_one_device(model_config("attention", attention=AttentionConfig(context_impl="ring")), data=2)
+@pytest.mark.parametrize("layout", ["balanced", "contiguous"])
+def test_attention_by_ring_matches_one_device_on_packed_rows(layout):
+    attention = AttentionConfig(context_impl="ring", context_layout=layout)
+    assert_split_equals_one_device(model_config("attention", attention=attention), data=2)
 
 
 @pytest.mark.slow
@@ -257,7 +259,8 @@ def test_split_attention_equals_the_whole_row_and_moves_only_what_its_form_needs
     found = {"gather-row" if f"4x{LENGTH}x2x8" in line else "gather-sinks" for line in gathers if "x2x8" in line}
     found |= {"permute"} if "collective_permute" in program else set()
     assert found == moved, (found, gathers)
-    if window is None and context_impl == "ring":  # rounds r = 1 .. C - 1, each skipped on shards j < r
+    if window is None and context_impl == "ring":  # the forward's rounds r = 1 .. C - 1, each a switch between
+        # two half-block branches (the default balanced layout); the program lowered is of the output alone
         assert program.count("stablehlo.case") == 3, program.count("stablehlo.case")
 
 

@@ -137,27 +137,30 @@ def losses(run_dir):
     return {record["step"]: record["loss"] for record in map(json.loads, lines)}
 
 
-@pytest.mark.slow  # two short distillation runs
-def test_an_ahn_distillation_run_split_over_context_matches_the_unsplit_losses(tmp_path, tiny_corpus):
+@pytest.mark.slow  # three short distillation runs
+def test_an_ahn_distillation_run_split_over_context_matches_the_unsplit_losses_and_resumes_on_another_split(
+        tmp_path, tiny_corpus):
     from seqmodels.config_io import load_config
     from seqmodels.hf.base import resolve_base
     from seqmodels.training.loop import train
     directory, _, _ = write_tiny_base(tmp_path / "base", vocab_size=320, max_seq_len=256, mixers=("attention",) * 2,
                                       d_model=32, num_heads=2, d_ff=48)
 
-    def run(name, data, context):
+    def run(name, data, context, *extra):
         overrides = ["model.kind=ahn", f"model.ahn.base={directory}", f"model.ahn.window={WINDOW}",
                      f"model.ahn.sinks={SINKS}", "model.ahn.chunk_size=16", "model.ahn.compressor=gated_deltanet",
                      "model.kernel_impl=xla", "data.source=text_files", f"data.path={tiny_corpus}",
-                     f"data.seq_len={LENGTH}", "data.heldout_fraction=0.2", "train.batch_size=8", "train.steps=3",
+                     f"data.seq_len={LENGTH}", "data.heldout_fraction=0.2", "train.batch_size=8", "train.steps=4",
                      f"train.run_dir={tmp_path / name}", "optim.warmup_steps=1", "log.every_steps=1", "log.progress=never",
-                     "log.tensorboard=false", "checkpoint.async_save=false", "checkpoint.every_steps=3",
-                     f"mesh.data={data}", f"mesh.context={context}"]
+                     "log.tensorboard=false", "checkpoint.async_save=false", "checkpoint.every_steps=2",
+                     f"mesh.data={data}", f"mesh.context={context}", *extra]
         train(resolve_base(load_config(None, overrides)))
         return losses(tmp_path / name)
 
-    whole, split = run("whole", 8, 1), run("split", 2, 4)
-    assert sorted(whole) == sorted(split) == [1, 2, 3]
-    assert whole[3] != whole[1]  # the compressors train: the loss moves
+    whole = run("whole", 8, 1)
+    run("split", 2, 4, "train.exit_at_step=2")
+    split = run("split", 4, 2)  # resumes at step 3 from the checkpoint written at context 4, now at context 2
+    assert sorted(whole) == sorted(split) == [1, 2, 3, 4]
+    assert whole[4] != whole[1]  # the compressors train: the loss moves
     # float32; the split rows sum the attention, the state chain and the loss in another order: 2e-5
-    np.testing.assert_allclose([split[s] for s in (1, 2, 3)], [whole[s] for s in (1, 2, 3)], rtol=0, atol=2e-5)
+    np.testing.assert_allclose([split[s] for s in range(1, 5)], [whole[s] for s in range(1, 5)], rtol=0, atol=2e-5)
