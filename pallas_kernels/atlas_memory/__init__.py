@@ -53,9 +53,15 @@ forms the chunk's matrices (``S_e``, ``NS_k(S_e)``, ``M_e``) once (``xla._dual_c
 Forms (``impl``): ``reference`` (``reference.py``: ``step`` scanned over the row, gradients by
 ``jax.grad`` and Newton-Schulz by its reference: slow and obviously right), ``xla`` (``xla.py``: the
 chunk-parallel form around ``linear_scan`` and ``newton_schulz``, whose own ``impl`` is the same
-value), ``pallas`` (the chunk-parallel form on the Pallas ``linear_scan`` / ``newton_schulz``
-kernels; no fused Atlas kernel yet), ``auto`` (each composed op's own choice: on TPU the Mosaic
-Newton-Schulz kernel and the ``xla`` scans).
+value), ``pallas_tpu`` (the fused chunk kernel, ``tpu.py``: a Pallas grid over (row, head, chunk) that
+keeps the chunk's memory, momentum and window terms in VMEM and writes only ``y`` and the chunk-start
+states; with the chunk-recompute backward of ``fused.py``, a ``custom_vjp`` that recomputes each chunk
+from its saved boundary state with the ``xla`` chunk under ``jax.vjp``, in reverse, so no per-token
+tensor is kept across chunks; on CPU the kernel runs in the Pallas interpreter; under
+``ns_granularity = "chunk"`` the forward is the ``xla`` chunk, with the same backward), ``pallas`` (the
+target's family: ``pallas_tpu`` on TPU; elsewhere, as ``pallas_triton``, the chunk-parallel form on the
+Pallas ``linear_scan`` / ``newton_schulz`` kernels: no fused Triton kernel yet), ``auto`` (``pallas_tpu``
+on TPU; elsewhere each composed op's own choice).
 ``atlas_memory_step`` advances a decoding state by the given tokens, one at a time. ``atlas_memory``
 also starts from such a state (``initial_state``) and returns the one after the row (``return_state``),
 on the chunk grid, in every form: a row split at a chunk boundary runs as its two parts, the second
@@ -70,11 +76,13 @@ outputs ``y [B, T, H, V]`` float32. ``partition_spec`` gives how ``[B, T, H, ...
 
 from __future__ import annotations
 
+import functools
+
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 from pallas_kernels import _common
-from pallas_kernels.atlas_memory import reference, xla
+from pallas_kernels.atlas_memory import fused, reference, xla
 from pallas_kernels.atlas_memory.inputs import (AtlasInputs, AtlasSettings, batch_and_heads, check_inputs,
                                               document_flags)
 from pallas_kernels.atlas_memory.memory import MemoryLayout, memory_apply, memory_loss
@@ -83,6 +91,8 @@ __all__ = ["AtlasInputs", "AtlasSettings", "MemoryLayout", "atlas_memory", "atla
            "memory_apply", "memory_loss"]
 
 init_state = reference.init_state
+# The Pallas families with a fused chunk kernel (``tpu.py``), chosen by ``impl`` (``_common.resolve_impl``).
+FUSED_KERNELS = ("pallas_tpu",)
 
 
 def _checked_impl(impl: str) -> str:
@@ -109,7 +119,7 @@ def atlas_memory(inputs: AtlasInputs, initial_memory: tuple, settings: AtlasSett
         ``[H, V]`` LayerNorm gain when ``settings.layout.norm``).
       initial_memory: ``M_0`` as one ``[H, m, n]`` array per weight matrix.
       settings: window, chunk size, Newton-Schulz steps and schedule, clip, where eta scales.
-      impl: ``"auto" | "reference" | "xla" | "pallas"``.
+      impl: ``"auto" | "reference" | "xla" | "pallas" | "pallas_triton" | "pallas_tpu"`` (module docstring).
       partition_spec: how the ``[B, T, H, ...]`` inputs are sharded, e.g. ``P(("data", "fsdp"), None, "tensor")``.
       return_memory: also return ``M_T``, the memory after each row's last position (one
         ``[B, H, m, n]`` float32 array per weight matrix): ``(y, M_T)``.
@@ -131,11 +141,16 @@ def atlas_memory(inputs: AtlasInputs, initial_memory: tuple, settings: AtlasSett
         if continues.shape != (batch,):
             raise ValueError(f"continues must have shape [B] = {(batch,)}, got {tuple(continues.shape)}")
     impl = _checked_impl(impl)  # passed on unresolved: auto on TPU is the Mosaic Newton-Schulz but the XLA scan
+    scan_chunks = None
+    if _common.resolve_impl(impl, _common.KERNEL_PLATFORMS) in FUSED_KERNELS:
+        scan_chunks = functools.partial(fused.scan_chunks, settings=settings, partition_spec=partition_spec)
+        impl, partition_spec = "auto", None  # the ops composed outside the fused scan; the scan is shard-local
     if impl == "reference":
         y, memory, state = reference.reference(inputs, initial_memory, settings, initial_state, continues)
     else:
         y, memory, state = xla.chunked(inputs, initial_memory, settings, impl=impl, partition_spec=partition_spec,
-                                       initial_state=initial_state, continues=continues, return_state=return_state)
+                                       initial_state=initial_state, continues=continues, return_state=return_state,
+                                       scan_chunks=scan_chunks)
     extras = (memory,) * return_memory + (state,) * return_state
     return (y, *extras) if extras else y
 

@@ -7,7 +7,11 @@ The rule is in the package docstring (``pallas_kernels.atlas_memory``).
      ``c - 1`` tokens of the previous chunks (their features, values and weights are carried), all
      at this chunk's base: the carried chunk-start memory, or ``M_0`` for a token whose document
      started in this chunk (a carried token's document started before it, so its base is the
-     carried memory: its gradient is re-evaluated here, not reused from its own chunk);
+     carried memory: its gradient is re-evaluated here, not reused from its own chunk). Each token
+     has one base, so the factors are evaluated at the carried memory, and at ``M_0`` only in a
+     chunk where some row's document starts (a ``lax.cond`` on that one flag, selecting per token
+     as before): a row of one document evaluates ``M_0`` in its first chunk only, where every
+     chunk's tokens were once evaluated at both (the same factors, half the work);
   2. ``G`` for the chunk's b tokens as a running window sum over those ``c - 1 + b`` tokens ``j``
      (``g_j = left_j (x) right_j``): a ``linear_scan`` of
      ``G_j = [doc_j = doc_{j-1}] G_{j-1} + g_j - [doc_{j-c} = doc_j] g_{j-c}``, the term entering the
@@ -49,7 +53,8 @@ from pallas_kernels.linear_scan import linear_scan
 
 def chunked(inputs: AtlasInputs, initial_memory: tuple, settings: AtlasSettings, *, impl: str,
             partition_spec: PartitionSpec | None, initial_state: dict | None = None,
-            continues: jax.Array | None = None, return_state: bool = False) -> tuple[jax.Array, tuple, dict | None]:
+            continues: jax.Array | None = None, return_state: bool = False,
+            scan_chunks=None) -> tuple[jax.Array, tuple, dict | None]:
     """``(y [B, T, H, V], M_T, state)``: outputs (float32) of the recurrence, chunk-parallel (module docstring),
     the memory after the row's last position, one ``[B, H, m, n]`` per weight matrix, and with
     ``return_state`` the decoding state after it (``reference.init_state``'s form; else None).
@@ -57,6 +62,8 @@ def chunked(inputs: AtlasInputs, initial_memory: tuple, settings: AtlasSettings,
     ``initial_memory``: ``M_0`` as one ``[H, m, n]`` array per weight matrix. ``initial_state``: a decoding
     state on the chunk grid to start from (None: ``M_0``, no momentum, an empty window), whose document the
     first token continues where ``continues [B]`` holds; ``return_state`` needs T a multiple of b.
+    ``scan_chunks``: ``(carry, xs, initial_memory, norm_gain) -> (carry, outputs)`` running the chunks in place
+    of the rematerialised ``lax.scan`` of ``_chunk`` (``fused.scan_chunks``); None: that scan.
     """
     batch, length = inputs.segment_ids.shape
     size, history = settings.chunk_size, settings.window - 1
@@ -92,9 +99,13 @@ def chunked(inputs: AtlasInputs, initial_memory: tuple, settings: AtlasSettings,
                  jnp.full((batch, history), -1, jnp.int32))
     else:
         carry = _carry_from_state(initial_state, continues, history)
-    body = jax.checkpoint(functools.partial(_chunk, initial_memory=initial_memory, settings=settings, impl=impl,
-                                            specs=_kernel_specs(partition_spec), gain=inputs.norm_gain))
-    carry, outputs = jax.lax.scan(body, carry, tuple(to_chunks(x) for x in per_token))
+    xs = tuple(to_chunks(x) for x in per_token)
+    if scan_chunks is None:
+        body = jax.checkpoint(functools.partial(_chunk, initial_memory=initial_memory, settings=settings, impl=impl,
+                                                specs=_kernel_specs(partition_spec), gain=inputs.norm_gain))
+        carry, outputs = jax.lax.scan(body, carry, xs)
+    else:
+        carry, outputs = scan_chunks(carry, xs, initial_memory, inputs.norm_gain)
     outputs = jnp.moveaxis(outputs, 0, 1)
     outputs = outputs.reshape(batch, num_chunks * size, *outputs.shape[3:])[:, :length]
     state = None
@@ -141,14 +152,18 @@ def _window_gradients(memory, window, initial_memory, layout, clip, gain):
     the token's document started inside this chunk (base ``M_0``; else the carried memory).
     """
     phi_k, values, weights, fresh = window
-    carried = unpack(memory, layout)  # [B, H, m, n]
-    # Both candidate base memories in one evaluation: [2, B, 1, H, m, n] against phi [B, c-1+b, H, F].
-    bases = tuple(jnp.stack([jnp.broadcast_to(m0, w.shape), w])[:, :, None] for m0, w in zip(initial_memory, carried))
-    stacked = tuple(jnp.broadcast_to(x, (2, *x.shape)) for x in (phi_k, values))
-    factors = gradient_factors(bases, *stacked, layout, gain)
-    fresh = fresh[..., None, None]
-    lefts = tuple(jnp.where(fresh, left[0], left[1]) for left, _ in factors)
-    rights = tuple(jnp.where(fresh, right[0], right[1]) for _, right in factors)
+    carried = tuple(w[:, None] for w in unpack(memory, layout))  # [B, 1, H, m, n] against phi [B, c-1+b, H, F]
+    at_carried = gradient_factors(carried, phi_k, values, layout, gain)
+
+    def with_initial():  # a document starts in the chunk: its tokens' factors at M_0 [1, 1, H, m, n]
+        at_initial = gradient_factors(tuple(w[None, None] for w in initial_memory), phi_k, values, layout, gain)
+        selected = fresh[..., None, None]
+        return tuple((jnp.where(selected, l0, l), jnp.where(selected, r0, r))
+                     for (l, r), (l0, r0) in zip(at_carried, at_initial))
+
+    # M_0 is evaluated only where some token's base is M_0: a chunk in which a document starts (module docstring).
+    factors = jax.lax.cond(jnp.any(fresh), with_initial, lambda: at_carried)
+    lefts, rights = tuple(left for left, _ in factors), tuple(right for _, right in factors)
     # ||left (x) right||_F = ||left|| ||right||: the norm of every token's gradient without forming it.
     norm_sq = sum(jnp.sum(jnp.square(left), -1) * jnp.sum(jnp.square(right), -1) for left, right in zip(lefts, rights))
     scale = (weights * clip_scale(norm_sq, clip))[..., None]

@@ -1,0 +1,105 @@
+"""The memory functions of ``memory.py`` on one head's 2-D blocks, for the fused kernel (``tpu.py``).
+
+Every array is 2-D (tokens on sublanes, features on lanes; a per-token scalar is a ``[rows, 1]``
+column), every product a 2-D ``dot_general`` with float32 results, every reduction over one axis
+with ``keepdims``: the operations Mosaic (and the Triton lowering) accept. The math is that of
+``memory.py`` (``gradient_factors``, ``memory_apply``, ``clip_scale``) and of
+``newton_schulz.xla`` (the iteration, its operand policy and its rounding to ``ns_dtype``); the
+tests hold the kernel to the ``reference`` oracle.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from pallas_kernels.atlas_memory.constants import NORM_EPS
+from pallas_kernels.atlas_memory.memory import MemoryLayout
+from pallas_kernels.newton_schulz.xla import operand_policy
+
+_F32 = jnp.float32
+
+
+def dot(a, b, *, transpose_a=False, transpose_b=False, dtype=_F32, precision=None):
+    """``a @ b`` (either side transposed) on ``dtype`` operands, float32 result."""
+    contract = ((0 if transpose_a else 1,), (1 if transpose_b else 0,))
+    return jax.lax.dot_general(a.astype(dtype), b.astype(dtype), (contract, ((), ())), precision=precision,
+                               preferred_element_type=_F32)
+
+
+def _layer_norm(branch):
+    centred = branch - jnp.mean(branch, axis=1, keepdims=True)
+    inverse_std = jax.lax.rsqrt(jnp.mean(centred * centred, axis=1, keepdims=True) + NORM_EPS)
+    return centred * inverse_std, inverse_std
+
+
+def _branch(weights, phi, layout: MemoryLayout):
+    """``(o, pre, hidden)`` of ``[rows, F]`` features (``pre``, ``hidden`` None for the linear memory)."""
+    if not layout.deep:
+        return dot(phi, weights[0]), None, None
+    pre = dot(phi, weights[0])
+    hidden = pre * jax.nn.sigmoid(pre)
+    return dot(hidden, weights[1]), pre, hidden
+
+
+def memory_apply(weights, phi, layout: MemoryLayout, gain):
+    """``M(phi) [rows, V]`` (``memory.memory_apply``); ``gain [1, V]`` or None."""
+    branch, _, _ = _branch(weights, phi, layout)
+    residual = phi[:, :layout.value_dim]
+    if layout.norm:
+        return residual + gain * _layer_norm(branch)[0]
+    return residual + branch if layout.deep else branch
+
+
+def gradient_factors(weights, phi, values, layout: MemoryLayout, gain):
+    """``((left [rows, m], right [rows, n]), ...)`` per weight matrix (``memory.gradient_factors``)."""
+    branch, pre, hidden = _branch(weights, phi, layout)
+    residual = phi[:, :layout.value_dim] if layout.deep or layout.norm else 0.0
+    if layout.norm:
+        normed, inverse_std = _layer_norm(branch)
+        upstream = gain * 2.0 * (residual + gain * normed - values)
+        grad_branch = inverse_std * (upstream - jnp.mean(upstream, axis=1, keepdims=True)
+                                     - normed * jnp.mean(upstream * normed, axis=1, keepdims=True))
+    else:
+        grad_branch = 2.0 * (residual + branch - values)
+    if not layout.deep:
+        return ((phi, grad_branch),)
+    sigmoid = jax.nn.sigmoid(pre)
+    grad_pre = dot(grad_branch, weights[1], transpose_b=True) * (sigmoid * (1.0 + pre * (1.0 - sigmoid)))
+    return ((phi, grad_pre), (hidden, grad_branch))
+
+
+def clipped_factors(factors, weights_column, clip: float):
+    """The factors with each token's left scaled by ``w_t min(1, clip / ||g_t||)`` (``memory.clip_scale``)."""
+    scale = weights_column
+    if clip:
+        norm_sq = sum(jnp.sum(left * left, axis=1, keepdims=True) * jnp.sum(right * right, axis=1, keepdims=True)
+                      for left, right in factors)
+        scale = scale * (clip * jax.lax.rsqrt(jnp.maximum(norm_sq, clip * clip)))
+    return tuple((left * scale, right) for left, right in factors)
+
+
+def newton_schulz(matrix, schedule, norm_scale: float, eps: float, ns_dtype):
+    """``NS_k`` of one ``[m, n]`` float32 matrix as ``memory.orthogonalize`` computes it: the input rounded to
+    ``ns_dtype``, normalised, the quintic steps on ``ns_dtype`` operands (``operand_policy``) on the Gram side
+    (``X X^T`` when m <= n, else ``X^T X``, as ``newton_schulz.triton`` does), the result rounded to ``ns_dtype``."""
+    if not schedule:
+        return matrix
+    operand_dtype, precision = operand_policy(ns_dtype)
+    x = matrix.astype(ns_dtype).astype(_F32)
+    sum_squares = jnp.sum(jnp.sum(x * x, axis=1, keepdims=True), axis=0, keepdims=True)  # [1, 1]
+    nonzero = sum_squares > 0
+    x = jnp.where(nonzero, x / (norm_scale * jnp.sqrt(jnp.where(nonzero, sum_squares, 1.0)) + eps), 0.0)
+    tall = x.shape[0] > x.shape[1]
+    for a, b, c in schedule:
+        mul = lambda p, q, **kw: dot(p, q, dtype=operand_dtype, precision=precision, **kw)  # noqa: E731
+        gram = mul(x, x, transpose_a=True) if tall else mul(x, x, transpose_b=True)
+        poly = b * gram + c * mul(gram, gram)
+        x = a * x + (mul(x, poly) if tall else mul(poly, x))
+    return x.astype(ns_dtype).astype(_F32)
+
+
+def pick(column, index):
+    """``column[index]`` as a ``[1, 1]`` array, for a traced ``index``: a masked sum over the sublanes."""
+    rows = jax.lax.broadcasted_iota(jnp.int32, column.shape, 0)
+    return jnp.sum(jnp.where(rows == index, column, 0.0), axis=0, keepdims=True)
