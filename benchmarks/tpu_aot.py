@@ -2,11 +2,16 @@
 
     PYTHONPATH=.libtpu python benchmarks/tpu_aot.py                      # -> benchmarks/results/tpu_aot/
     PYTHONPATH=.libtpu python benchmarks/tpu_aot.py --archs transformer,mamba2 --sizes 350m --topologies v5e:2x4
+    PYTHONPATH=.libtpu python benchmarks/tpu_aot.py --archs gated_deltanet --sizes 350m --topologies v5e:2x4 \
+        --seq-lens 8192,65536 --contexts 1,8 --rows-per-chip 1 --out benchmarks/results/context_memory
 
 Each case is one ``python -m seqmodels.tools.aot`` run (a fresh process) on an architecture's config
-with the size's overrides below, every model at ``T = 4096``, 2 rows per chip, bfloat16 activations,
-``model.remat=full``, ``model.scan_layers=true`` (compile time independent of depth), AdamW, the batch
-and parameters sharded over fsdp across all chips, a 32768-token vocabulary. Nothing runs. Writes
+with the size's overrides below, by default every model at ``T = 4096``, 2 rows per chip, bfloat16
+activations, ``model.remat=full``, ``model.scan_layers=true`` (compile time independent of depth),
+AdamW, the batch and parameters sharded over fsdp across all chips, a 32768-token vocabulary. Nothing
+runs. ``--seq-lens`` and ``--contexts`` compile every pair (T, C) of the lists: ``mesh.context=C``
+splits each row's T tokens over C chips, fsdp takes the remaining chips, and the batch is
+``rows-per-chip x chips / C`` rows, so every chip holds ``rows-per-chip x T / C`` tokens. Writes
 ``tpu_aot.json`` (every report, failures with their error) and ``tpu_aot.md`` (one table).
 """
 
@@ -32,17 +37,24 @@ ARCHS = {  # name -> (config, layers at 350m, layers at 1b)
     "atlas": ("configs/atlas.yaml", "atlas", 24, 20),
 }
 SIZES = {"350m": dict(d_model=1024, heads=16), "1b": dict(d_model=2048, heads=16)}
-COMMON = ["model.vocab_size=32768", "model.max_seq_len=4096", "data.seq_len=4096", "model.compute_dtype=bfloat16",
-          "model.remat=full", "model.scan_layers=true", "mesh.data=1", "mesh.fsdp=-1"]
+COMMON = ["model.vocab_size=32768", "model.compute_dtype=bfloat16", "model.remat=full", "model.scan_layers=true",
+          "mesh.data=1", "mesh.fsdp=-1"]
 
 
-def case_overrides(arch: str, size: str, num_chips: int) -> list[str]:
+def case_overrides(arch: str, size: str, num_chips: int, *, seq_len: int = 4096, context: int = 1,
+                   rows_per_chip: int = 2) -> list[str]:
+    """The overrides of one case: ``rows_per_chip x num_chips / context`` rows of ``seq_len`` tokens."""
+    if seq_len % context or (rows_per_chip * num_chips) % context:
+        raise ValueError(f"mesh.context={context} must divide T={seq_len} and the {rows_per_chip * num_chips} "
+                         "rows-per-chip x chips")
     _, mixer, layers_350m, layers_1b = ARCHS[arch]
     layers = layers_350m if size == "350m" else layers_1b
     shape = SIZES[size]
     heads = shape["heads"] if mixer in ("attention",) else shape["d_model"] // 128
-    return COMMON + [f"model.d_model={shape['d_model']}", f"model.num_heads={heads}",
-                     f"model.mixers=[{mixer}] * {layers}", f"train.batch_size={2 * num_chips}"]
+    return COMMON + [f"model.max_seq_len={seq_len}", f"data.seq_len={seq_len}", f"mesh.context={context}",
+                     f"model.d_model={shape['d_model']}", f"model.num_heads={heads}",
+                     f"model.mixers=[{mixer}] * {layers}",
+                     f"train.batch_size={rows_per_chip * num_chips // context}"]
 
 
 def chips(topology: str) -> int:
@@ -53,13 +65,17 @@ def chips(topology: str) -> int:
     return product
 
 
-def run_case(arch: str, size: str, topology: str, timeout: float) -> dict:
+def run_case(arch: str, size: str, topology: str, timeout: float, *, seq_len: int = 4096, context: int = 1,
+             rows_per_chip: int = 2, out_dir: Path = RESULTS, extra: tuple[str, ...] = ()) -> dict:
     config = ARCHS[arch][0]
-    overrides = case_overrides(arch, size, chips(topology))
-    out = RESULTS / f".{arch}_{size}_{topology.replace(':', '_')}.json"
+    overrides = case_overrides(arch, size, chips(topology), seq_len=seq_len, context=context,
+                               rows_per_chip=rows_per_chip) + list(extra)
+    out = out_dir / f".{arch}_{size}_{topology.replace(':', '_')}_{seq_len}_{context}.json"
     command = [sys.executable, "-m", "seqmodels.tools.aot", "--topology", topology, "--config", config,
                "--json", str(out), *overrides]
-    row = {"arch": arch, "size": size, "topology": topology,
+    row = {"arch": arch, "size": size, "topology": topology, "seq_len": seq_len, "context": context,
+           "extra_overrides": list(extra),
+           "tokens_per_chip": rows_per_chip * seq_len // context,
            "command": portable(" ".join(["python -m seqmodels.tools.aot", *command[3:-len(overrides)],
                                          *map(repr, overrides)]))}
     try:
@@ -76,18 +92,29 @@ def run_case(arch: str, size: str, topology: str, timeout: float) -> dict:
     return {**row, **report}
 
 
+def step_tflops(row: dict) -> str:
+    """Training TFLOPs per chip per step: the FLOPs registry's, else XLA's count marked as such (XLA counts
+    a while loop's body once, so a scan over layers or chunks is undercounted)."""
+    if "model_flops" in row:
+        return f"{row['model_flops'] / 1e12:.1f}"
+    return f"{row['flops'] / 1e12:.1f} (XLA)"
+
+
 def markdown(rows: list[dict]) -> str:
     gib = 2.0 ** 30
-    lines = ["| arch | size | topology | params | per-chip args GiB | outputs GiB | temps GiB | peak GiB | "
-             "TFLOPs / chip / step | Mosaic calls | compile s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| arch | size | topology | T | context | tokens / chip | params | per-chip args GiB | outputs GiB | "
+             "temps GiB | peak GiB | TFLOPs / chip / step | Mosaic calls | compile s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        shape = f"{r.get('seq_len', 4096)} | {r.get('context', 1)} | {r.get('tokens_per_chip', 2 * 4096)}"
+        arch = r["arch"] + (f" ({', '.join(r['extra_overrides'])})" if r.get("extra_overrides") else "")
         if "error" in r:
-            lines.append(f"| {r['arch']} | {r['size']} | {r['topology']} | failed: {r['error'].splitlines()[-1][:120]} "
-                         "| | | | | | | |")
+            lines.append(f"| {arch} | {r['size']} | {r['topology']} | {shape} | failed: "
+                         f"{r['error'].splitlines()[-1][:120]} | | | | | | | |")
             continue
-        lines.append(f"| {r['arch']} | {r['size']} | {r['topology']} ({r['device_kind']} x {r['num_devices']}) | "
+        lines.append(f"| {arch} | {r['size']} | {r['topology']} ({r['device_kind']} x {r['num_devices']}) | {shape} | "
                      f"{r['num_params'] / 1e6:.0f}M | {r['argument_bytes'] / gib:.2f} | {r['output_bytes'] / gib:.2f} | "
-                     f"{r['temp_bytes'] / gib:.2f} | {r['peak_bytes'] / gib:.2f} | {r['flops'] / 1e12:.1f} | "
+                     f"{r['temp_bytes'] / gib:.2f} | {r['peak_bytes'] / gib:.2f} | {step_tflops(r)} | "
                      f"{r['mosaic_kernels']} | {r['compile_seconds']:.0f} |")
     return "\n".join(lines) + "\n"
 
@@ -97,6 +124,11 @@ def main(argv=None) -> int:
     parser.add_argument("--archs", default=",".join(ARCHS))
     parser.add_argument("--sizes", default="350m,1b")
     parser.add_argument("--topologies", default="v5e:2x4,v5p:2x2x2")
+    parser.add_argument("--seq-lens", default="4096", help="comma-separated T per row")
+    parser.add_argument("--contexts", default="1", help="comma-separated mesh.context sizes")
+    parser.add_argument("--rows-per-chip", type=int, default=2, help="rows per chip before the context split")
+    parser.add_argument("--override", action="append", default=[],
+                        help="a dotted override added to every case, e.g. model.attention.context_impl=ring")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per compile")
     parser.add_argument("--out", default=str(RESULTS))
     args = parser.parse_args(argv)
@@ -104,20 +136,34 @@ def main(argv=None) -> int:
     unknown = [a for a in archs if a not in ARCHS] + [s for s in sizes if s not in SIZES]
     if unknown:
         parser.error(f"unknown arch or size {unknown}; archs {list(ARCHS)}, sizes {list(SIZES)}")
+    seq_lens, contexts = [int(x) for x in args.seq_lens.split(",")], [int(x) for x in args.contexts.split(",")]
+    if min(seq_lens + contexts + [args.rows_per_chip]) < 1:
+        parser.error("--seq-lens, --contexts and --rows-per-chip must be positive")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
-    for topology in args.topologies.split(","):
-        for size in sizes:
-            for arch in archs:
-                rows.append(run_case(arch, size, topology, args.timeout))
-                status = rows[-1].get("error", "").splitlines()[-1:] or [f"peak {rows[-1]['peak_bytes'] / 2**30:.2f} GiB"]
-                print(f"{arch:16s} {size:5s} {topology:10s} {status[0]}", flush=True)
-                (out / "tpu_aot.json").write_text(json.dumps(
-                    {"command": portable(" ".join(["python benchmarks/tpu_aot.py",
-                                                   *(argv if argv is not None else sys.argv[1:])])),
-                     "rows": rows}, indent=2) + "\n")
-                (out / "tpu_aot.md").write_text(markdown(rows))
+    cases = [(topology, size, arch, seq_len, context) for topology in args.topologies.split(",") for size in sizes
+             for arch in archs for seq_len in seq_lens for context in contexts]
+    unsplittable = []
+    for topology, size, arch, seq_len, context in cases:
+        try:
+            case_overrides(arch, size, chips(topology), seq_len=seq_len, context=context,
+                           rows_per_chip=args.rows_per_chip)
+        except ValueError:
+            unsplittable.append((topology, size, arch, seq_len, context))
+    if unsplittable:
+        parser.error(f"mesh.context must divide T and rows-per-chip x chips; it does not for (topology, size, arch, "
+                     f"T, context) {unsplittable}")
+    for topology, size, arch, seq_len, context in cases:
+        rows.append(run_case(arch, size, topology, args.timeout, seq_len=seq_len, context=context,
+                             rows_per_chip=args.rows_per_chip, out_dir=out, extra=tuple(args.override)))
+        status = rows[-1].get("error", "").splitlines()[-1:] or [f"peak {rows[-1]['peak_bytes'] / 2**30:.2f} GiB"]
+        print(f"{arch:16s} {size:5s} {topology:10s} T={seq_len:<7d} context={context:<3d} {status[0]}", flush=True)
+        (out / "tpu_aot.json").write_text(json.dumps(
+            {"command": portable(" ".join(["python benchmarks/tpu_aot.py",
+                                           *(argv if argv is not None else sys.argv[1:])])),
+             "rows": rows}, indent=2) + "\n")
+        (out / "tpu_aot.md").write_text(markdown(rows))
     print(f"wrote {out / 'tpu_aot.json'} and {out / 'tpu_aot.md'}")
     return 0
 

@@ -56,6 +56,11 @@ def peak_for_kind(kind: str, compute_dtype: str) -> float | None:
     return None
 
 
+def training_flops(forward_flops_per_token: float, tokens: float) -> float:
+    """Training FLOPs of ``tokens`` tokens: 3 x the forward (the backward costs twice the forward)."""
+    return 3.0 * forward_flops_per_token * tokens
+
+
 def mfu(tokens_per_second: float, forward_flops_per_token: float, peak_per_device: float,
         num_devices: int) -> float:
-    return 3.0 * forward_flops_per_token * tokens_per_second / (peak_per_device * num_devices)
+    return training_flops(forward_flops_per_token, tokens_per_second) / (peak_per_device * num_devices)
