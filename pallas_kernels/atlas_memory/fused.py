@@ -7,7 +7,8 @@ here: a ``jax.custom_vjp`` whose
   forward  runs every chunk (the fused kernel of ``tpu.py`` under ``ns_granularity = "token"`` at a
            chunk size Mosaic takes, ``tpu.fits``; else ``xla._chunk`` in a ``lax.scan``) and keeps,
            besides its inputs, the chunk-start states ``(M_s, S_s)`` of every K-th chunk (K the divisor
-           of N nearest sqrt(N), ``segment_length``): two ``[N / K, B, H, P]`` arrays;
+           of N nearest sqrt(N), ``segment_length``): two ``[N / K, B, H, P]`` arrays, the only boundary
+           states the kernel writes (``tpu.sweep(every=K)``; a forward without the gradient writes one);
   backward scans the segments of K chunks in reverse; a segment's K chunk-start states are made
            again by the same forward from its saved start (one more forward in all, and ``N / K + K``
            states live instead of N); chunk n is recomputed from its ``(M_s, S_s)`` and its
@@ -79,13 +80,16 @@ def _chunk(settings: AtlasSettings):
     return functools.partial(xla._chunk, settings=settings, impl="auto", specs=(None, None))
 
 
-def _forward(carry, xs, initial_memory, gain, settings: AtlasSettings, use_kernel: bool, interpret: bool):
-    """``((final carry, outputs [N, B, b, H, V]), (chunk-start memories, momenta) [N, B, H, P])``."""
+def _forward(carry, xs, initial_memory, gain, settings: AtlasSettings, use_kernel: bool, interpret: bool,
+             every: int = 1):
+    """``((final carry, outputs [N, B, b, H, V]), (chunk-start memories, momenta) [N / every, B, H, P])``: the
+    states at the start of chunks 0, every, 2 every, ... (the kernel writes only those)."""
     window_pairs = _window_inputs(carry, xs, settings.chunk_size)
     final_window = tuple(last for _, last in window_pairs)
     if use_kernel:
         y, boundaries, (memory, momentum) = tpu.sweep(carry, xs, tuple(into for into, _ in window_pairs),
-                                                      initial_memory, gain, settings, interpret=interpret)
+                                                      initial_memory, gain, settings, interpret=interpret,
+                                                      every=every)
         return ((memory, momentum, *final_window), y), boundaries
     chunk = functools.partial(_chunk(settings), initial_memory=initial_memory, gain=gain)
 
@@ -94,12 +98,12 @@ def _forward(carry, xs, initial_memory, gain, settings: AtlasSettings, use_kerne
         return new, (y, state[0], state[1])
 
     final, (y, memories, momenta) = jax.lax.scan(step, carry, xs)
-    return (final, y), (memories, momenta)
+    return (final, y), (memories[::every], momenta[::every])
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
 def _scan(carry, xs, initial_memory, gain, settings, use_kernel, interpret):
-    return _forward(carry, xs, initial_memory, gain, settings, use_kernel, interpret)[0]
+    return _forward(carry, xs, initial_memory, gain, settings, use_kernel, interpret, every=xs[0].shape[0])[0]
 
 
 def segment_length(num_chunks: int) -> int:
@@ -109,9 +113,9 @@ def segment_length(num_chunks: int) -> int:
 
 
 def _scan_forward(carry, xs, initial_memory, gain, settings, use_kernel, interpret):
-    out, boundaries = _forward(carry, xs, initial_memory, gain, settings, use_kernel, interpret)
     segment = segment_length(xs[0].shape[0])
-    return out, (carry, xs, initial_memory, gain, tuple(b[::segment] for b in boundaries))
+    out, boundaries = _forward(carry, xs, initial_memory, gain, settings, use_kernel, interpret, every=segment)
+    return out, (carry, xs, initial_memory, gain, boundaries)
 
 
 def _split(xs):

@@ -14,8 +14,9 @@ rule of the package docstring:
        ``S_t = theta_t S_{t-1} - eta_t G_t``, ``NS_k(S_t)`` (in VMEM, ``_kernel_math.newton_schulz``),
        ``M_t = alpha_t M_{t-1} + NS_k(S_t)`` (resets at a document start), ``y_t = M_t(phi(q_t))``.
 
-Only ``y`` and the chunk-start states ``(M_s, S_s)`` (and the last chunk's end states) are written to
-HBM: no per-token matrix leaves the chip. The boundary states are what ``fused.py``'s backward
+Only ``y`` and the chunk-start states ``(M_s, S_s)`` of every ``every``-th chunk (and the last chunk's
+end states) are written to HBM: no per-token matrix leaves the chip, and the boundary states the
+backward does not keep are never written (their block stays in VMEM over the chunks it covers). The boundary states are what ``fused.py``'s backward
 recomputes each chunk from. Only ``ns_granularity = "token"`` (the paper's rule) runs here.
 
 Departures from the ``xla`` chunk, same rule: ``G_t`` is the masked product above, not the running
@@ -81,7 +82,7 @@ def _factors(memory, initial, keys, values, gates, settings: AtlasSettings, gain
     return math.clipped_factors(selected, _column(gates, WEIGHT), settings.grad_clip)
 
 
-def _kernel(*refs, settings: AtlasSettings, history: int, has_gain: bool):
+def _kernel(*refs, settings: AtlasSettings, history: int, has_gain: bool, every: int):
     layout = settings.layout
     count = len(layout.shapes)
     refs = list(refs)
@@ -102,8 +103,12 @@ def _kernel(*refs, settings: AtlasSettings, history: int, has_gain: bool):
 
     memory = tuple(r[...] for r in memory_scratch)
     momentum = tuple(r[...] for r in momentum_scratch)
-    for out, value in zip(memory_out_refs + momentum_out_refs, memory + momentum):
-        out[...] = value
+
+    @pl.when(chunk % every == 0)  # the boundary block stays resident over the ``every`` chunks it covers
+    def _():
+        for out, value in zip(memory_out_refs + momentum_out_refs, memory + momentum):
+            out[...] = value
+
     initial = tuple(r[...] for r in initial_refs)
     gates = gates_ref[...]
     size = gates.shape[0]
@@ -164,14 +169,17 @@ def _head_major(x, size):
     return x.reshape(*x.shape[:2], x.shape[2] * size, *x.shape[4:])
 
 
-def sweep(carry, xs, windows, initial_memory, gain, settings: AtlasSettings, *, interpret: bool):
-    """The kernel over every chunk: ``(y [N, B, b, H, V], chunk-start memories and momenta [N, B, H, P],
-    final memory and momentum [B, H, P])`` from the chunk scan's carry and inputs (``xla.chunked``'s layout)
-    and the carried window of every chunk (``fused.windows``: keys, values, weights, documents
-    ``[N, B, c - 1, H, ...]``)."""
+def sweep(carry, xs, windows, initial_memory, gain, settings: AtlasSettings, *, interpret: bool, every: int = 1):
+    """The kernel over every chunk: ``(y [N, B, b, H, V], the chunk-start memories and momenta of chunks 0,
+    every, 2 every, ... [N / every, B, H, P], final memory and momentum [B, H, P])`` from the chunk scan's
+    carry and inputs (``xla.chunked``'s layout) and the carried window of every chunk (``fused.windows``:
+    keys, values, weights, documents ``[N, B, c - 1, H, ...]``). Only the kept boundary states are
+    written: the forward of ``fused.py`` keeps every K-th, so the other N - N / K never reach HBM."""
     layout, size, history = settings.layout, settings.chunk_size, settings.window - 1
     phi_k, values, phi_q, alpha, theta, eta, gamma, starts, document, _ = xs
     num_chunks, batch, _, heads, features = phi_k.shape
+    if every < 1 or num_chunks % every:
+        raise ValueError(f"every={every} boundary states must divide the {num_chunks} chunks")
     fresh = jnp.cumsum(starts.astype(jnp.int32), axis=2) > 0  # the token's document started in its chunk
     per_head = lambda x: jnp.broadcast_to(x[..., None], (*x.shape, heads))  # noqa: E731
     gates = jnp.stack([alpha, theta, eta, gamma, per_head(starts.astype(_F32)), per_head(document.astype(_F32)),
@@ -184,7 +192,8 @@ def sweep(carry, xs, windows, initial_memory, gain, settings: AtlasSettings, *, 
 
     def matrices(lead):  # [B, H, m, n] (lead 0) or [B, H, N, m, n] (lead 1) blocks of one (row, head)
         if lead:
-            return [pl.BlockSpec((None, None, None, m, n), lambda b, h, c: (b, h, c, 0, 0)) for m, n in layout.shapes]
+            return [pl.BlockSpec((None, None, None, m, n), lambda b, h, c: (b, h, c // every, 0, 0))
+                    for m, n in layout.shapes]
         return [pl.BlockSpec((None, None, m, n), lambda b, h, c: (b, h, 0, 0)) for m, n in layout.shapes]
 
     in_specs = [rows(features), rows(layout.value_dim), rows(features), rows(gates.shape[-1])]
@@ -204,14 +213,14 @@ def sweep(carry, xs, windows, initial_memory, gain, settings: AtlasSettings, *, 
     if gain is not None:
         operands.append(gain[:, None, :])
         in_specs.append(pl.BlockSpec((None, 1, layout.value_dim), lambda b, h, c: (h, 0, 0)))
-    boundary = [jax.ShapeDtypeStruct((batch, heads, num_chunks, m, n), _F32) for m, n in layout.shapes]
+    boundary = [jax.ShapeDtypeStruct((batch, heads, num_chunks // every, m, n), _F32) for m, n in layout.shapes]
     final = [jax.ShapeDtypeStruct((batch, heads, m, n), _F32) for m, n in layout.shapes]
     out_shape = [jax.ShapeDtypeStruct((batch, heads, num_chunks * size, layout.value_dim), _F32),
                  *boundary, *boundary, *final, *final]
     out_specs = [rows(layout.value_dim), *matrices(1), *matrices(1), *matrices(0), *matrices(0)]
     scratch = [pltpu.VMEM(shape, _F32) for shape in layout.shapes] * 2
     outputs = pl.pallas_call(
-        functools.partial(_kernel, settings=settings, history=history, has_gain=gain is not None),
+        functools.partial(_kernel, settings=settings, history=history, has_gain=gain is not None, every=every),
         grid=grid, in_specs=in_specs, out_specs=out_specs, out_shape=out_shape, scratch_shapes=scratch,
         compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary")),
         interpret=interpret, name="atlas_memory_chunk_sweep_tpu",

@@ -178,6 +178,23 @@ def test_sharded_over_batch_and_heads_matches_unsharded():
     assert_matches(grads, expected_grads, 1e-5, "gradients")
 
 
+def test_the_kernel_writes_every_kth_boundary_state_that_the_backward_recomputes_from(monkeypatch):
+    """Chunks of 1 over 10 tokens: the backward keeps the start states of every K-th chunk (K = 2, which the
+    kernel alone writes) or of every chunk (K = 1, forced). The recomputed segments start from the kept states,
+    so the gradients agree to float32 rounding, and both hold to the reference."""
+    from pallas_kernels.atlas_memory import fused
+    inputs, initial, settings = settings_for("linear-p1-c6-b4-k0")
+    settings = dataclasses.replace(settings, chunk_size=1)
+    assert fused.segment_length(LENGTH) == 2
+    y, grads = evaluate(fused_form, inputs, initial, settings)
+    monkeypatch.setattr(fused, "segment_length", lambda num_chunks: 1)
+    y_all, grads_all = evaluate(fused_form, inputs, initial, settings)
+    assert_matches(y, y_all, 1e-6, "y")
+    assert_matches(grads, grads_all, 1e-5, "gradients")
+    y_ref, grads_ref = evaluate(reference_form, inputs, initial, settings)
+    assert_matches(grads, grads_ref, 2 * scale_tolerance(settings), "gradients against the reference")
+
+
 def test_the_fused_kernel_lowers_to_mosaic_without_a_tpu():
     """With an abstract TPU as the target, ``auto`` picks the fused sweep and Pallas's Mosaic lowering of it (and
     of the Newton-Schulz kernel in the recompute backward) runs on CPU without libtpu, at Mosaic-legal blocks:
