@@ -57,6 +57,14 @@ def case_overrides(arch: str, size: str, num_chips: int, *, seq_len: int = 4096,
                      f"train.batch_size={rows_per_chip * num_chips // context}"]
 
 
+def compiler_error(stderr: str) -> str:
+    """The last lines of a failed compile's stderr and the compiler's reason, with the machine's paths made
+    portable (a traceback names the venv's files; the table is committed)."""
+    lines = [line for line in stderr.splitlines() if line.strip() and not line.startswith(("W", "I0"))]
+    causes = [line for line in lines if "Check failed" in line or "Error" in line]  # the compiler's reason
+    return portable("\n".join((lines[-6:] + causes[-1:]) if causes else lines[-6:]))
+
+
 def chips(topology: str) -> int:
     dims = topology.split(":")[1].split("x")
     product = 1
@@ -84,9 +92,7 @@ def run_case(arch: str, size: str, topology: str, timeout: float, *, seq_len: in
     except subprocess.TimeoutExpired:
         return {**row, "error": f"compile did not finish in {timeout:.0f} s"}
     if result.returncode != 0:
-        lines = [line for line in result.stderr.splitlines() if line.strip() and not line.startswith(("W", "I0"))]
-        causes = [line for line in lines if "Check failed" in line or "Error" in line]  # the compiler's reason
-        return {**row, "error": "\n".join((lines[-6:] + causes[-1:]) if causes else lines[-6:])}
+        return {**row, "error": compiler_error(result.stderr)}
     report = json.loads(out.read_text())
     out.unlink()
     return {**row, **report}
