@@ -6,6 +6,8 @@ import json
 
 from readme_format import compact_table, load_json, read_text
 
+from benchmarks.tpu_aot import step_tflops
+
 
 TPU_AOT = "benchmarks/results/tpu_aot/tpu_aot.json"
 
@@ -22,16 +24,9 @@ def tpu_aot() -> str:
             continue
         rows.append([row["arch"], row["size"], f"{row['topology']} ({row['device_kind']} x {row['num_devices']})",
                      f"{row['num_params'] / 1e6:.0f}M", f"{row['temp_bytes'] / gib:.2f}", f"{row['peak_bytes'] / gib:.2f}",
-                     _step_tflops(row), str(row["mosaic_kernels"]), f"{row['compile_seconds']:.0f}"])
+                     step_tflops(row), str(row["mosaic_kernels"]), f"{row['compile_seconds']:.0f}"])
     return compact_table(["arch", "size", "topology", "params", "temps GiB", "peak GiB", "TFLOPs / chip / step",
                      "Mosaic calls", "compile s"], rows)
-
-
-def _step_tflops(row: dict) -> str:
-    """The registry's training FLOPs of a row, else XLA's count marked as such (it sees a loop body once)."""
-    if "model_flops" in row:
-        return f"{row['model_flops'] / 1e12:.1f}"
-    return f"{row['flops'] / 1e12:.1f} (XLA)"
 
 
 PARITY = "results/export_parity/parity.json"

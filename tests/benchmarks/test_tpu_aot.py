@@ -1,12 +1,8 @@
 """benchmarks/tpu_aot.py's cases: every (T, mesh.context) pair holds ``rows-per-chip x T / C`` tokens per chip."""
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import tpu_aot  # noqa: E402
+from benchmarks import tpu_aot
 
 
 def overrides_dict(overrides):
