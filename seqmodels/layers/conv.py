@@ -82,8 +82,7 @@ class ShortConv(nnx.Module):
             segments = None if segment_ids is None else jnp.pad(segment_ids, ((0, 0), (history, 0)),
                                                                 constant_values=-1)
             y = causal_conv(x_full, segments, segment_ids, weight, bias)
-        # Named so that remat policies keep it (seqmodels.models.lm.REMAT_POLICIES): recomputing this
-        # pad-and-slice inside a rematerialised backward aborts XLA's TPU compiler.
+        # Named so that the "names" remat policy keeps it (seqmodels.models.lm.REMAT_POLICIES).
         return checkpoint_name(y, "short_conv"), new_cache
 
     def init_cache(self, batch_size: int, channels: int, dtype=jnp.float32):

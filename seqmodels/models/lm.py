@@ -26,15 +26,15 @@ from seqmodels.mixers import build_mixer, check_mixer_names, mixer_flops_per_tok
 from seqmodels.models.stack import Group, repeat_period, scan_group, slice_group, stack_groups, unstack_sown
 from seqmodels.sharding import constrain
 
-# Every policy keeps the short convolutions' outputs ("short_conv", [B, T, C] per convolution): XLA's
-# TPU compiler aborts on their pad-and-slice recomputed inside a rematerialised backward ("TransformWindow:
-# split of a padded window dim is not supported", Gated DeltaNet at d_model 1024, T 4096, remat full), and
-# they are cheap to keep beside what each layer already saves. "full" recomputes everything else.
+# "full" keeps only each layer's input and recomputes everything else in the backward; "dots" keeps the
+# outputs of matmuls without batch dimensions; "names" keeps the values named here (the projections, the
+# mixer output, the short convolutions' outputs). "full" once kept the short convolutions' outputs too
+# (1.1 GiB per chip for Atlas 350M on v5e-8): recomputing them did not cause the TPU compiler's
+# "split of a padded window dim" abort, which Gated DeltaNet at 2 rows of 4,096 per chip hits either way
+# (benchmarks/results/tpu_aot/README.md).
 REMAT_POLICIES = {
-    "full": jax.checkpoint_policies.save_only_these_names("short_conv"),
-    "dots": jax.checkpoint_policies.save_from_both_policies(
-        jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-        jax.checkpoint_policies.save_only_these_names("short_conv")),
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
     "names": jax.checkpoint_policies.save_only_these_names("query", "key", "value", "mixer_out", "short_conv"),
 }
 
