@@ -83,6 +83,42 @@ def test_sliding_window_output_ignores_tokens_outside_window_and_sinks():
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("policy", ["full", "dots", "names"])
+def test_remat_policies_give_the_same_gradients(policy):
+    batch = {"inputs": jax.random.randint(jax.random.key(5), (2, 16), 0, 256),
+             "targets": jax.random.randint(jax.random.key(6), (2, 16), 0, 256),
+             "loss_mask": jnp.ones((2, 16))}
+
+    def grads(config):
+        from flax import nnx
+        model = build_model(config, seed=0)
+        graphdef, params = nnx.split(model)
+        return jax.grad(lambda p: nnx.merge(graphdef, p).loss(batch)[0])(params)
+
+    plain = grads(small_config())
+    remat = grads(small_config(remat=policy))
+    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-6, rtol=1e-5), plain, remat)
+
+
+def test_bfloat16_compute_stays_close_to_float32():
+    tokens = jax.random.randint(jax.random.key(7), (2, 16), 0, 256)
+    full, _ = build_model(small_config(), seed=0)(tokens)
+    half, _ = build_model(small_config(compute_dtype="bfloat16"), seed=0)(tokens)
+    assert half.dtype == jnp.float32  # logits are always float32
+    # bf16 has 8 mantissa bits: expect about 1e-2 relative error in logits of unit scale.
+    assert float(jnp.abs(full - half).max()) < 0.05 * float(jnp.abs(full).max()) + 1e-2
+
+
+def test_unknown_mixer_and_bad_generate_arguments_are_reported():
+    with pytest.raises(ConfigError, match="unknown mixer 'mamba9'"):
+        build_model(small_config(mixers=("attention", "mamba9")))
+    model = build_model(small_config())
+    with pytest.raises(ValueError, match="exceeds model.max_seq_len=64"):
+        generate(model, jnp.zeros((1, 60), jnp.int32), 10)
+    with pytest.raises(ValueError, match="prompt must be an integer array"):
+        generate(model, jnp.zeros((1, 4)), 2)
+
+
 @pytest.mark.parametrize("policy,kept", [("full", set()), ("dots", {"dot"}), ("names", {"short_conv", "query"})])
 def test_each_remat_policy_keeps_exactly_its_values(policy, kept):
     """``full`` keeps only the layer's input, ``dots`` the unbatched matmuls, ``names`` the named values."""
