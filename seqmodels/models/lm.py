@@ -29,9 +29,8 @@ from seqmodels.sharding import constrain
 # "full" keeps only each layer's input and recomputes everything else in the backward; "dots" keeps the
 # outputs of matmuls without batch dimensions; "names" keeps the values named here (the projections, the
 # mixer output, the short convolutions' outputs). "full" once kept the short convolutions' outputs too
-# (1.1 GiB per chip for Atlas 350M on v5e-8): recomputing them did not cause the TPU compiler's
-# "split of a padded window dim" abort, which Gated DeltaNet at 2 rows of 4,096 per chip hits either way
-# (benchmarks/results/tpu_aot/README.md).
+# (1.1 GiB per chip for Atlas 350M on v5e-8), blamed for a TPU compiler abort whose cause was elsewhere
+# (pallas_kernels/gated_delta_rule/tpu.py, benchmarks/results/tpu_aot/README.md).
 REMAT_POLICIES = {
     "full": jax.checkpoint_policies.nothing_saveable,
     "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
