@@ -16,8 +16,8 @@ rule of the package docstring:
 
 Only ``y`` and the chunk-start states ``(M_s, S_s)`` of every ``every``-th chunk (and the last chunk's
 end states) are written to HBM: no per-token matrix leaves the chip, and the boundary states the
-backward does not keep are never written (their block stays in VMEM over the chunks it covers). The boundary states are what ``fused.py``'s backward
-recomputes each chunk from. Only ``ns_granularity = "token"`` (the paper's rule) runs here.
+backward does not keep are never written (their block stays in VMEM over the chunks it covers). The
+boundary states are what ``fused.py``'s backward recomputes each chunk from. Only ``ns_granularity = "token"`` (the paper's rule) runs here.
 
 Departures from the ``xla`` chunk, same rule: ``G_t`` is the masked product above, not the running
 sum (one ``[m, span] x [span, n]`` product per token, on the MXU; the running sum would need rank-1

@@ -47,7 +47,8 @@ def test_the_table_names_the_length_context_tokens_per_chip_and_whose_flops_of_e
 
 def test_a_failed_compile_keeps_the_compilers_reason_without_the_machines_paths():
     """The error of a row (committed in the results) names no absolute path of this machine."""
-    stderr = "\n".join(["W0000 a warning", f'  File "{tpu_aot.ROOT}/.venv/lib/python3.12/site-packages/jax/x.py", line 4',
+    stderr = "\n".join(["W0000 a warning",
+                        f'  File "{tpu_aot.ROOT}/.venv/lib/python3.12/site-packages/jax/x.py", line 4',
                         "    raise e", "jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED: Ran out of memory on HBM"])
     error = tpu_aot.compiler_error(stderr)
     assert str(tpu_aot.ROOT) not in error and "W0000" not in error
