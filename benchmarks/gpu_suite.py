@@ -24,7 +24,8 @@ Sections, each measured in this run (medians of ``--repeats`` calls after a warm
 - ``atlas_memory``: the Atlas memory op (``pallas_kernels/atlas_memory``, ``impl=auto``) at
   ``configs/atlas.yaml``'s settings on a one-GPU LM shape (B8 T4096, d_model 512 = 8 heads of 64; window
   8, chunk 16, 5 Newton-Schulz steps, 2-layer MLP memory, Newton-Schulz in bf16), with
-  ``ns_granularity`` token (the paper's rule) and chunk, forward and forward+backward, beside Gated
+  ``ns_granularity`` token (the paper's rule; ``impl=auto`` and ``impl=pallas``, the fused Triton sweep of
+  ``pallas_kernels/atlas_memory/triton.py``) and chunk, forward and forward+backward, beside Gated
   DeltaNet's op (``gated_delta_rule``) at the same rows and heads: ms and each time over Gated
   DeltaNet's (``kernel_cases._atlas_memory_cases``). A failure (e.g. out of memory) is recorded as the result.
 - ``context_parallel``: the train step of Transformer++ and Gated DeltaNet on every device of the node

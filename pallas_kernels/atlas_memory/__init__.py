@@ -58,10 +58,13 @@ keeps the chunk's memory, momentum and window terms in VMEM and writes only ``y`
 states; with the chunk-recompute backward of ``fused.py``, a ``custom_vjp`` that recomputes each chunk
 from its saved boundary state with the ``xla`` chunk under ``jax.vjp``, in reverse, so no per-token
 tensor is kept across chunks; on CPU the kernel runs in the Pallas interpreter; under
-``ns_granularity = "chunk"`` the forward is the ``xla`` chunk, with the same backward), ``pallas`` (the
-target's family: ``pallas_tpu`` on TPU; elsewhere, as ``pallas_triton``, the chunk-parallel form on the
-Pallas ``linear_scan`` / ``newton_schulz`` kernels: no fused Triton kernel yet), ``auto`` (``pallas_tpu``
-on TPU; elsewhere each composed op's own choice).
+``ns_granularity = "chunk"`` the forward is the ``xla`` chunk, with the same backward), ``pallas_triton``
+(the same sweep and backward as one Triton kernel per (row, head), ``triton.py``, its blocks zero-padded to
+Triton's power-of-two sides; memories with a padded side over ``triton.MAX_SIDE`` run the ``xla`` chunk
+forward), ``pallas`` (the target's family: ``pallas_tpu`` on TPU, ``pallas_triton`` elsewhere, in the
+interpreter on CPU), ``auto`` (``pallas_tpu`` on TPU; elsewhere each composed op's own choice: on GPU the
+Triton Newton-Schulz and scan kernels inside the ``xla`` chunk form, until ``benchmarks/gpu_suite.py``'s
+``atlas_memory`` section has timed the fused Triton sweep against it on a GPU).
 ``atlas_memory_step`` advances a decoding state by the given tokens, one at a time. ``atlas_memory``
 also starts from such a state (``initial_state``) and returns the one after the row (``return_state``),
 on the chunk grid, in every form: a row split at a chunk boundary runs as its two parts, the second
@@ -91,8 +94,9 @@ __all__ = ["AtlasInputs", "AtlasSettings", "MemoryLayout", "atlas_memory", "atla
            "memory_apply", "memory_loss"]
 
 init_state = reference.init_state
-# The Pallas families with a fused chunk kernel (``tpu.py``), chosen by ``impl`` (``_common.resolve_impl``).
-FUSED_KERNELS = ("pallas_tpu",)
+# The Pallas families with a fused chunk kernel (``tpu.py``, ``triton.py``), chosen by ``impl``
+# (``_common.resolve_impl``).
+FUSED_KERNELS = ("pallas_tpu", "pallas_triton")
 
 
 def _checked_impl(impl: str) -> str:
@@ -141,9 +145,10 @@ def atlas_memory(inputs: AtlasInputs, initial_memory: tuple, settings: AtlasSett
         if continues.shape != (batch,):
             raise ValueError(f"continues must have shape [B] = {(batch,)}, got {tuple(continues.shape)}")
     impl = _checked_impl(impl)  # passed on unresolved: auto on TPU is the Mosaic Newton-Schulz but the XLA scan
-    scan_chunks = None
-    if _common.resolve_impl(impl, _common.KERNEL_PLATFORMS) in FUSED_KERNELS:
-        scan_chunks = functools.partial(fused.scan_chunks, settings=settings, partition_spec=partition_spec)
+    scan_chunks, family = None, _common.resolve_impl(impl, _common.KERNEL_PLATFORMS)
+    if family in FUSED_KERNELS and (impl != "auto" or family == "pallas_tpu"):
+        scan_chunks = functools.partial(fused.scan_chunks, settings=settings, partition_spec=partition_spec,
+                                        family=family)
         impl, partition_spec = "auto", None  # the ops composed outside the fused scan; the scan is shard-local
     if impl == "reference":
         y, memory, state = reference.reference(inputs, initial_memory, settings, initial_state, continues)

@@ -1,11 +1,17 @@
-"""The memory functions of ``memory.py`` on one head's 2-D blocks, for the fused kernel (``tpu.py``).
+"""The memory functions of ``memory.py`` on one head's 2-D blocks, for the fused kernels (``tpu.py``, ``triton.py``).
 
 Every array is 2-D (tokens on sublanes, features on lanes; a per-token scalar is a ``[rows, 1]``
 column), every product a 2-D ``dot_general`` with float32 results, every reduction over one axis
-with ``keepdims``: the operations Mosaic (and the Triton lowering) accept. The math is that of
+with ``keepdims``: the operations Mosaic and the Triton lowering accept. The math is that of
 ``memory.py`` (``gradient_factors``, ``memory_apply``, ``clip_scale``) and of
 ``newton_schulz.xla`` (the iteration, its operand policy and its rounding to ``ns_dtype``); the
-tests hold the kernel to the ``reference`` oracle.
+tests hold the kernels to the ``reference`` oracle.
+
+Zero-padded blocks (the Triton kernel's power-of-two sides): ``residual`` is the ``[rows, V]`` residual
+``phi[:, :V]`` given by the caller (Triton cannot slice a block in registers; its padded columns zero) and
+``value_count`` the number of true value columns, over which the LayerNorm's means run and outside which
+its outputs and gradients are zero. With both None (the Mosaic kernel's unpadded blocks) the residual is
+sliced from ``phi`` and every column is true.
 """
 
 from __future__ import annotations
@@ -27,10 +33,29 @@ def dot(a, b, *, transpose_a=False, transpose_b=False, dtype=_F32, precision=Non
                                preferred_element_type=_F32)
 
 
-def _layer_norm(branch):
-    centred = branch - jnp.mean(branch, axis=1, keepdims=True)
-    inverse_std = jax.lax.rsqrt(jnp.mean(centred * centred, axis=1, keepdims=True) + NORM_EPS)
+def _mean(x, value_count):
+    """The mean over the first ``value_count`` columns (all when None) of ``x``, whose other columns are zero."""
+    if value_count is None:
+        return jnp.mean(x, axis=1, keepdims=True)
+    return jnp.sum(x, axis=1, keepdims=True) * (1.0 / value_count)
+
+
+def _true_columns(x, value_count):
+    """``x`` with the columns from ``value_count`` on set to zero (``x`` itself when None)."""
+    if value_count is None or value_count == x.shape[1]:
+        return x
+    columns = jax.lax.broadcasted_iota(jnp.int32, x.shape, 1)
+    return jnp.where(columns < value_count, x, 0.0)
+
+
+def _layer_norm(branch, value_count=None):
+    centred = _true_columns(branch - _mean(branch, value_count), value_count)
+    inverse_std = jax.lax.rsqrt(_mean(centred * centred, value_count) + NORM_EPS)
     return centred * inverse_std, inverse_std
+
+
+def _residual(phi, layout: MemoryLayout, residual):
+    return phi[:, :layout.value_dim] if residual is None else residual
 
 
 def _branch(weights, phi, layout: MemoryLayout):
@@ -42,24 +67,25 @@ def _branch(weights, phi, layout: MemoryLayout):
     return dot(hidden, weights[1]), pre, hidden
 
 
-def memory_apply(weights, phi, layout: MemoryLayout, gain):
-    """``M(phi) [rows, V]`` (``memory.memory_apply``); ``gain [1, V]`` or None."""
+def memory_apply(weights, phi, layout: MemoryLayout, gain, residual=None, value_count=None):
+    """``M(phi) [rows, V]`` (``memory.memory_apply``); ``gain [1, V]`` or None; padded blocks: module docstring."""
     branch, _, _ = _branch(weights, phi, layout)
-    residual = phi[:, :layout.value_dim]
+    residual = _residual(phi, layout, residual)
     if layout.norm:
-        return residual + gain * _layer_norm(branch)[0]
+        return residual + gain * _layer_norm(branch, value_count)[0]
     return residual + branch if layout.deep else branch
 
 
-def gradient_factors(weights, phi, values, layout: MemoryLayout, gain):
-    """``((left [rows, m], right [rows, n]), ...)`` per weight matrix (``memory.gradient_factors``)."""
+def gradient_factors(weights, phi, values, layout: MemoryLayout, gain, residual=None, value_count=None):
+    """``((left [rows, m], right [rows, n]), ...)`` per weight matrix (``memory.gradient_factors``); padded
+    blocks: module docstring."""
     branch, pre, hidden = _branch(weights, phi, layout)
-    residual = phi[:, :layout.value_dim] if layout.deep or layout.norm else 0.0
+    residual = _residual(phi, layout, residual) if layout.deep or layout.norm else 0.0
     if layout.norm:
-        normed, inverse_std = _layer_norm(branch)
+        normed, inverse_std = _layer_norm(branch, value_count)
         upstream = gain * 2.0 * (residual + gain * normed - values)
-        grad_branch = inverse_std * (upstream - jnp.mean(upstream, axis=1, keepdims=True)
-                                     - normed * jnp.mean(upstream * normed, axis=1, keepdims=True))
+        grad_branch = _true_columns(inverse_std * (upstream - _mean(upstream, value_count)
+                                                   - normed * _mean(upstream * normed, value_count)), value_count)
     else:
         grad_branch = 2.0 * (residual + branch - values)
     if not layout.deep:
@@ -97,6 +123,25 @@ def newton_schulz(matrix, schedule, norm_scale: float, eps: float, ns_dtype):
         poly = b * gram + c * mul(gram, gram)
         x = a * x + (mul(x, poly) if tall else mul(poly, x))
     return x.astype(ns_dtype).astype(_F32)
+
+
+def window_column(documents, positions, token, token_document, window: int):
+    """``[rows, 1]`` 1.0 where a span token (``positions``: its offset from the chunk start) lies in ``token``'s
+    window and document."""
+    inside = (positions <= token) & (positions > token - window) & (documents == token_document)
+    return inside.astype(_F32)
+
+
+def base_factors(memory, initial, keys, values, fresh, weight, settings, gain, residual=None, value_count=None):
+    """The chunk's tokens' clipped, weighted factors at their base: ``M_0`` where the token's document started in
+    the chunk (``fresh [rows, 1]`` > 0), else the chunk-start memory (both evaluated, one selected per token);
+    ``weight [rows, 1]`` the tokens' loss weights."""
+    layout, fresh = settings.layout, fresh > 0
+    at_base = gradient_factors(memory, keys, values, layout, gain, residual, value_count)
+    at_initial = gradient_factors(initial, keys, values, layout, gain, residual, value_count)
+    selected = tuple((jnp.where(fresh, l0, l), jnp.where(fresh, r0, r))
+                     for (l, r), (l0, r0) in zip(at_base, at_initial))
+    return clipped_factors(selected, weight, settings.grad_clip)
 
 
 def pick(column, index):

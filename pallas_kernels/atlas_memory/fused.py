@@ -1,14 +1,15 @@
 """The chunk scan with a chunk-recompute backward: only some chunk-boundary states are kept for the gradient.
 
 ``xla.chunked`` prepares the chunk scan (its carry ``(M, S, window keys, values, weights, documents)``
-and the chunk-major inputs ``xs``) and, in the ``pallas_tpu`` form, hands the scan to ``scan_chunks``
-here: a ``jax.custom_vjp`` whose
+and the chunk-major inputs ``xs``) and, in the ``pallas_tpu`` and ``pallas_triton`` forms, hands the scan to
+``scan_chunks`` here: a ``jax.custom_vjp`` whose
 
-  forward  runs every chunk (the fused kernel of ``tpu.py`` under ``ns_granularity = "token"`` at a
-           chunk size Mosaic takes, ``tpu.fits``; else ``xla._chunk`` in a ``lax.scan``) and keeps,
+  forward  runs every chunk (the fused kernel of ``tpu.py`` or ``triton.py`` under ``ns_granularity =
+           "token"`` at blocks the compiler takes, ``tpu.fits`` / ``triton.fits``; else ``xla._chunk`` in
+           a ``lax.scan``) and keeps,
            besides its inputs, the chunk-start states ``(M_s, S_s)`` of every K-th chunk (K the divisor
            of N nearest sqrt(N), ``segment_length``): two ``[N / K, B, H, P]`` arrays, the only boundary
-           states the kernel writes (``tpu.sweep(every=K)``; a forward without the gradient writes one);
+           states the kernel writes (``sweep(every=K)``; a forward without the gradient writes one);
   backward scans the segments of K chunks in reverse; a segment's K chunk-start states are made
            again by the same forward from its saved start (one more forward in all, and ``N / K + K``
            states live instead of N); chunk n is recomputed from its ``(M_s, S_s)`` and its
@@ -49,7 +50,7 @@ import numpy as np
 from jax.sharding import PartitionSpec
 
 from pallas_kernels import _common
-from pallas_kernels.atlas_memory import tpu, xla
+from pallas_kernels.atlas_memory import tpu, triton, xla
 from pallas_kernels.atlas_memory.inputs import AtlasSettings, batch_and_heads
 
 _INTS_XS = (7, 8)  # starts (bool) and document (int32) of xs: no cotangent
@@ -80,16 +81,20 @@ def _chunk(settings: AtlasSettings):
     return functools.partial(xla._chunk, settings=settings, impl="auto", specs=(None, None))
 
 
-def _forward(carry, xs, initial_memory, gain, settings: AtlasSettings, use_kernel: bool, interpret: bool,
+SWEEPS = {"pallas_tpu": tpu.sweep, "pallas_triton": triton.sweep}  # the fused kernel of each Pallas family
+
+
+def _forward(carry, xs, initial_memory, gain, settings: AtlasSettings, kernel: str | None, interpret: bool,
              every: int = 1):
     """``((final carry, outputs [N, B, b, H, V]), (chunk-start memories, momenta) [N / every, B, H, P])``: the
-    states at the start of chunks 0, every, 2 every, ... (the kernel writes only those)."""
+    states at the start of chunks 0, every, 2 every, ... (the kernel writes only those). ``kernel``: the family
+    whose sweep runs the chunks (``SWEEPS``), or None for the ``xla`` chunk in a ``lax.scan``."""
     window_pairs = _window_inputs(carry, xs, settings.chunk_size)
     final_window = tuple(last for _, last in window_pairs)
-    if use_kernel:
-        y, boundaries, (memory, momentum) = tpu.sweep(carry, xs, tuple(into for into, _ in window_pairs),
-                                                      initial_memory, gain, settings, interpret=interpret,
-                                                      every=every)
+    if kernel is not None:
+        y, boundaries, (memory, momentum) = SWEEPS[kernel](carry, xs, tuple(into for into, _ in window_pairs),
+                                                           initial_memory, gain, settings, interpret=interpret,
+                                                           every=every)
         return ((memory, momentum, *final_window), y), boundaries
     chunk = functools.partial(_chunk(settings), initial_memory=initial_memory, gain=gain)
 
@@ -102,8 +107,8 @@ def _forward(carry, xs, initial_memory, gain, settings: AtlasSettings, use_kerne
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
-def _scan(carry, xs, initial_memory, gain, settings, use_kernel, interpret):
-    return _forward(carry, xs, initial_memory, gain, settings, use_kernel, interpret, every=xs[0].shape[0])[0]
+def _scan(carry, xs, initial_memory, gain, settings, kernel, interpret):
+    return _forward(carry, xs, initial_memory, gain, settings, kernel, interpret, every=xs[0].shape[0])[0]
 
 
 def segment_length(num_chunks: int) -> int:
@@ -112,9 +117,9 @@ def segment_length(num_chunks: int) -> int:
     return min(divisors, key=lambda k: (abs(k - num_chunks ** 0.5), k))
 
 
-def _scan_forward(carry, xs, initial_memory, gain, settings, use_kernel, interpret):
+def _scan_forward(carry, xs, initial_memory, gain, settings, kernel, interpret):
     segment = segment_length(xs[0].shape[0])
-    out, boundaries = _forward(carry, xs, initial_memory, gain, settings, use_kernel, interpret, every=segment)
+    out, boundaries = _forward(carry, xs, initial_memory, gain, settings, kernel, interpret, every=segment)
     return out, (carry, xs, initial_memory, gain, boundaries)
 
 
@@ -132,7 +137,7 @@ def _zero_cotangent(x):
     return np.zeros(x.shape, jax.dtypes.float0) if not jnp.issubdtype(x.dtype, jnp.floating) else jnp.zeros_like(x)
 
 
-def _scan_backward(settings, use_kernel, interpret, residuals, cotangents):
+def _scan_backward(settings, kernel, interpret, residuals, cotangents):
     carry, xs, initial_memory, gain, (memories, momenta) = residuals
     (final_cotangent, y_cotangent) = cotangents
     size = settings.chunk_size
@@ -174,7 +179,7 @@ def _scan_backward(settings, use_kernel, interpret, residuals, cotangents):
             memory, momentum, (window, documents, chunk_floats, chunk_ints, y_cotangent) = inputs
             segment_carry = (memory, momentum, *(w[0] for w in window), documents[0])
             _, states = _forward(segment_carry, _join(chunk_floats, chunk_ints), initial_memory, gain, settings,
-                                 use_kernel, interpret)
+                                 kernel, interpret)
             return jax.lax.scan(one_chunk, state_cotangent, (*states, window, documents, chunk_floats, chunk_ints,
                                                              y_cotangent), reverse=True)
 
@@ -192,14 +197,25 @@ def _scan_backward(settings, use_kernel, interpret, residuals, cotangents):
 _scan.defvjp(_scan_forward, _scan_backward)
 
 
+def _takes(family: str, settings: AtlasSettings, num_chunks: int) -> bool:
+    """Whether ``family``'s compiled kernel takes these blocks (Mosaic: rows of 8; Triton: sides of at most
+    ``triton.MAX_SIDE``); the interpreter takes any."""
+    if family == "pallas_tpu":
+        return tpu.fits(settings.chunk_size, num_chunks)
+    return triton.fits(settings.layout)
+
+
 def scan_chunks(carry, xs, initial_memory, gain, *, settings: AtlasSettings, partition_spec: PartitionSpec | None,
-                interpret: bool | None = None):
-    """``(final carry, outputs [N, B, b, H, V])`` of ``xla.chunked``'s chunk scan, with the fused kernel's forward
-    (``ns_granularity = "token"``) and the chunk-recompute backward (module docstring); shard-local under a
-    ``partition_spec`` (XLA cannot partition a Pallas call)."""
+                family: str = "pallas_tpu", interpret: bool | None = None):
+    """``(final carry, outputs [N, B, b, H, V])`` of ``xla.chunked``'s chunk scan, with ``family``'s fused kernel
+    as the forward (``SWEEPS``; under ``ns_granularity = "token"``) and the chunk-recompute backward (module
+    docstring); shard-local under a ``partition_spec`` (XLA cannot partition a Pallas call)."""
+    if family not in SWEEPS:
+        raise ValueError(f"family must be one of {sorted(SWEEPS)}, got {family!r}")
     interpret = _common.interpret_mode() if interpret is None else interpret
-    use_kernel = settings.ns_granularity == "token" and (interpret or tpu.fits(settings.chunk_size, xs[0].shape[0]))
-    fn = lambda c, x, m, g: _scan(c, x, m, g, settings, use_kernel, interpret)  # noqa: E731
+    use_kernel = settings.ns_granularity == "token" and (interpret or _takes(family, settings, xs[0].shape[0]))
+    kernel = family if use_kernel else None
+    fn = lambda c, x, m, g: _scan(c, x, m, g, settings, kernel, interpret)  # noqa: E731
     if partition_spec is None:
         return fn(carry, xs, initial_memory, gain)
     batch, heads = batch_and_heads(partition_spec)

@@ -17,7 +17,8 @@ rule of the package docstring:
 Only ``y`` and the chunk-start states ``(M_s, S_s)`` of every ``every``-th chunk (and the last chunk's
 end states) are written to HBM: no per-token matrix leaves the chip, and the boundary states the
 backward does not keep are never written (their block stays in VMEM over the chunks it covers). The
-boundary states are what ``fused.py``'s backward recomputes each chunk from. Only ``ns_granularity = "token"`` (the paper's rule) runs here.
+boundary states are what ``fused.py``'s backward recomputes each chunk from. Only
+``ns_granularity = "token"`` (the paper's rule) runs here.
 
 Departures from the ``xla`` chunk, same rule: ``G_t`` is the masked product above, not the running
 sum (one ``[m, span] x [span, n]`` product per token, on the MXU; the running sum would need rank-1
@@ -31,12 +32,13 @@ Checked here: the Mosaic lowering (Pallas, on CPU, no TPU needed: ``test_atlas_m
 the full compile by libtpu for a v5e chip ahead of time (F 96, V 32, E 64, chunk 16; F = V = E = 128,
 chunk 64). Not run on a TPU. VMEM: the chunk's inputs (double-buffered ``[b, F]`` blocks), the
 factors ``[c - 1 + b, m + n]`` at two bases, and per token ``G``, ``S``, ``M`` and the NS
-intermediates of ``[m, n]`` matrices: a few MiB at ``m, n <= 128``, b 64. No Triton (GPU) kernel
-yet: the Triton lowering needs power-of-two blocks of at least 16 on a side and has no sequential
-grid axis with scratch, so it is a second driver (a ``fori_loop`` over chunks per (row, head)).
+intermediates of ``[m, n]`` matrices: a few MiB at ``m, n <= 128``, b 64. The GPU kernel (``triton.py``) is
+the same rule on another driver: Triton has no sequential grid axis with scratch and needs power-of-two
+blocks of at least 16 on a side, so it loops over a (row, head)'s chunks itself on zero-padded blocks.
 
 Layouts: heads before time (``[B, H, T, F]``, blocks ``[b, F]``: ``b`` a multiple of 8 on TPU, or the
-whole row; ``fits`` says so, and ``fused.py`` runs the ``xla`` chunk forward for other chunk sizes on TPU); the per-token gates as the columns of one ``[B, H, T, 7]`` array (alpha, theta, eta, weight,
+whole row; ``fits`` says so, and ``fused.py`` runs the ``xla`` chunk forward for other chunk sizes on
+TPU); the per-token gates as the columns of one ``[B, H, T, 7]`` array (alpha, theta, eta, weight,
 start, document, fresh), a token's scalar picked from its column by a masked sum; the memory matrices
 as whole ``[m, n]`` blocks.
 """
@@ -60,26 +62,8 @@ ALPHA, THETA, ETA, WEIGHT, START, DOCUMENT, FRESH = range(7)
 NS_EPS = 1e-7  # newton_schulz's default eps, which memory.orthogonalize uses
 
 
-def _window_column(documents, positions, token, token_document, window: int):
-    """``[rows, 1]`` 1.0 where a span token (``positions``: its offset from the chunk start) lies in ``token``'s
-    window and document."""
-    inside = (positions <= token) & (positions > token - window) & (documents == token_document)
-    return inside.astype(_F32)
-
-
 def _column(gates, index):
     return gates[:, index:index + 1]
-
-
-def _factors(memory, initial, keys, values, gates, settings: AtlasSettings, gain):
-    """The chunk's tokens' clipped, weighted factors at their base: ``M_0`` where the token's document started in
-    the chunk (``FRESH``), else the chunk-start memory (both evaluated, one selected per token)."""
-    layout, fresh = settings.layout, _column(gates, FRESH) > 0
-    at_base = math.gradient_factors(memory, keys, values, layout, gain)
-    at_initial = math.gradient_factors(initial, keys, values, layout, gain)
-    selected = tuple((jnp.where(fresh, l0, l), jnp.where(fresh, r0, r))
-                     for (l, r), (l0, r0) in zip(at_base, at_initial))
-    return math.clipped_factors(selected, _column(gates, WEIGHT), settings.grad_clip)
 
 
 def _kernel(*refs, settings: AtlasSettings, history: int, has_gain: bool, every: int):
@@ -113,7 +97,8 @@ def _kernel(*refs, settings: AtlasSettings, history: int, has_gain: bool, every:
     gates = gates_ref[...]
     size = gates.shape[0]
 
-    chunk_factors = _factors(memory, initial, keys_ref[...], values_ref[...], gates, settings, gain)
+    chunk_factors = math.base_factors(memory, initial, keys_ref[...], values_ref[...], _column(gates, FRESH),
+                                      _column(gates, WEIGHT), settings, gain)
     positions = jax.lax.broadcasted_iota(jnp.int32, (size, 1), 0)
     documents = _column(gates, DOCUMENT)
     if history:
@@ -130,10 +115,10 @@ def _kernel(*refs, settings: AtlasSettings, history: int, has_gain: bool, every:
     def token_step(t, state):
         memory, momentum = state
         document = math.pick(documents, t)
-        weights = _window_column(documents, positions, t, document, settings.window)
+        weights = math.window_column(documents, positions, t, document, settings.window)
         sums = [math.dot(left * weights, right, transpose_a=True) for left, right in chunk_factors]
         if history:
-            carried = _window_column(carried_documents, carried_positions, t, document, settings.window)
+            carried = math.window_column(carried_documents, carried_positions, t, document, settings.window)
             sums = [g + math.dot(left * carried, right, transpose_a=True)
                     for g, (left, right) in zip(sums, carried_factors)]
         alpha, theta, eta, start = (math.pick(_column(gates, k), t) for k in (ALPHA, THETA, ETA, START))

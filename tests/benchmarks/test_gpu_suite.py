@@ -63,6 +63,18 @@ def test_atlas_ratios_are_each_time_over_the_gated_deltanet_time_of_the_same_run
     assert "| 1.50 |  | RESOURCE_EXHAUSTED: out of memory |" in rows[1]  # the error is the result of its row
 
 
+def test_the_gpu_atlas_section_times_the_paper_rule_also_as_the_fused_triton_sweep():
+    """On the GPU shape the token case runs under auto and pallas (the fused Triton kernel, which fits on chip there:
+    F = E = 128, V = 64), and the chunk case under auto; the small (CPU) suite leaves the interpreter out."""
+    from benchmarks import kernel_cases
+    from pallas_kernels.atlas_memory import MemoryLayout, triton
+    gdn, token, chunk = kernel_cases._atlas_memory_cases(small=False)
+    assert (tuple(token.functions), tuple(chunk.functions)) == (("auto", "pallas"), ("auto",))
+    shape = token.shape
+    assert triton.fits(MemoryLayout(shape["F"], shape["V"], shape["hidden"]))
+    assert tuple(kernel_cases._atlas_memory_cases(small=True)[1].functions) == ("auto",)
+
+
 @pytest.mark.slow
 def test_small_atlas_section_times_token_and_chunk_against_gated_deltanet_and_writes_their_rows(tmp_path):
     assert gpu_suite.main(["--small", "--out", str(tmp_path), "--sections", "atlas_memory"]) == 0

@@ -1,4 +1,5 @@
-"""pallas_kernels.atlas_memory under impl="pallas_tpu": the fused chunk-sweep kernel (Pallas interpreter on CPU) with
+"""pallas_kernels.atlas_memory under impl="pallas_tpu" (and "pallas_triton", the same sweep as a Triton kernel on
+zero-padded power-of-two blocks): the fused chunk-sweep kernel (Pallas interpreter on CPU) with
 the chunk-recompute backward equals the reference oracle (outputs, final memory and momentum, gradients of every
 input, the norm gain and M_0) across chunk sizes, windows, memory depths, packed documents and float32/bf16; it
 continues from a state and returns one; decoding continues from its state; it runs shard-local under a mesh; its
@@ -20,6 +21,7 @@ from pallas_kernels.atlas_memory import AtlasInputs, AtlasSettings, atlas_memory
 pytestmark = pytest.mark.xdist_group("atlas_memory")  # one worker: the reference's jitted programs are reused
 
 FUSED = "pallas_tpu"  # the Mosaic kernel's family; on CPU it runs in the Pallas interpreter
+TRITON = "pallas_triton"  # the Triton kernel's family; on CPU it runs in the Pallas interpreter too
 
 
 def assert_matches(got, want, tolerance, what):
@@ -33,14 +35,14 @@ fused_form = functools.partial(atlas_memory, impl=FUSED)
 reference_form = functools.partial(atlas_memory, impl="reference")
 
 
-def assert_fused_matches_reference(inputs, initial, settings):
+def assert_fused_matches_reference(inputs, initial, settings, impl=FUSED):
     """Outputs and final memory within ``scale_tolerance`` (float32, NS amplifying rounding: test_atlas_memory), the
     gradients of ``sum(y w)`` within twice that: they are the ``xla`` chunk's own autodiff (exactly: the backward
     from the ``xla`` forward's boundary states equals the ``xla`` form's gradients to the last bit), but taken along
     the kernel's trajectory, whose float32 rounding differs (another summation order for G, NS on the Gram side);
     NS's Jacobian magnifies that difference as its forward does (measured with Polar Express: 1.5x the tolerance
     against the oracle where the xla form is at 0.85x; with muon both at 0.5x)."""
-    y, grads = evaluate(fused_form, inputs, initial, settings)
+    y, grads = evaluate(functools.partial(atlas_memory, impl=impl), inputs, initial, settings)
     y_ref, grads_ref = evaluate(reference_form, inputs, initial, settings)
     tolerance = scale_tolerance(settings)
     assert np.abs(np.asarray(y_ref)).max() > 0.1  # the memory produced real outputs
@@ -48,7 +50,7 @@ def assert_fused_matches_reference(inputs, initial, settings):
     assert_matches(grads, grads_ref, 2 * tolerance, "gradients")
     assert float(np.abs(grads_ref[1][0]).max()) > 0  # gradients reach the initial memory
     memories = [jax.jit(functools.partial(atlas_memory, impl=impl, return_memory=True), static_argnums=2)(
-        inputs, initial, settings)[1] for impl in (FUSED, "reference")]
+        inputs, initial, settings)[1] for impl in (impl, "reference")]
     assert_matches(*memories, tolerance, "final memory")
 
 
@@ -70,6 +72,27 @@ def test_fused_kernel_matches_the_reference_at_other_chunk_sizes(chunk_size):
     """b = 1 (the online rule), 3 (the window of 6 reaches two chunks back), 16 (one chunk holds the row)."""
     inputs, initial, settings = settings_for("linear-p1-c6-b4-k0")
     assert_fused_matches_reference(inputs, initial, dataclasses.replace(settings, chunk_size=chunk_size))
+
+
+@pytest.mark.parametrize("case", ["linear-p1-c6-b4-k0", pytest.param("deep-p2-c3-b4-k5-norm", marks=pytest.mark.slow),
+                                  pytest.param("deep-p2-c5-b2-k5-polar", marks=pytest.mark.slow)])
+def test_triton_kernel_matches_the_reference_outputs_final_memory_and_gradients(case):
+    """The Triton sweep pads every block to a power of two >= 16 (here chunks of 4 and 2 to 16 rows, the window's
+    5, 2 carried tokens to 16, V = 4 and F = 13 to 16 columns, E = 8 to 16): the padding is inert, with a deep
+    memory and its LayerNorm over the true value columns, and a window reaching three chunks back."""
+    assert_fused_matches_reference(*settings_for(case), impl=TRITON)
+
+
+@pytest.mark.slow
+def test_triton_kernel_writes_every_kth_boundary_state_at_chunks_of_one_token():
+    """Chunks of 1 over 10 tokens (one real row of 16, K = 2): the kernel's outer loop writes the start state of
+    every second chunk, from which the backward recomputes its segments; against the reference (the case of
+    the Mosaic kernel's test of the same, whose oracle run this one reuses)."""
+    from pallas_kernels.atlas_memory import fused
+    inputs, initial, settings = settings_for("linear-p1-c6-b4-k0")
+    settings = dataclasses.replace(settings, chunk_size=1)
+    assert fused.segment_length(LENGTH) == 2
+    assert_fused_matches_reference(inputs, initial, settings, impl=TRITON)
 
 
 @pytest.mark.slow

@@ -12,6 +12,7 @@ import pytest
 from jax.sharding import AbstractDevice, AbstractMesh, AxisType
 
 from pallas_kernels import chunk_gla, linear_scan
+from pallas_kernels.atlas_memory import AtlasInputs, AtlasSettings, MemoryLayout, atlas_memory
 
 H200 = AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="cuda")
 
@@ -47,3 +48,26 @@ def test_chunk_gla_forward_and_backward_lower_to_two_triton_kernels(vector_decay
 
     text = _lowered_for_h200(jax.grad(loss, argnums=(0, 1, 2, 3)), q, q, v, log_decay)
     assert text.count("__gpu$xla.gpu.triton") == 2
+
+
+@pytest.mark.parametrize(("features", "expansion_dim", "fused"),
+                         [(45, 90, True), pytest.param(45, 200, False, marks=pytest.mark.slow)])
+def test_atlas_memory_sweep_and_its_recompute_backward_lower_to_triton(features, expansion_dim, fused):
+    """``impl="pallas"`` on a GPU: the fused sweep (F 45, E 90 padded to 64 and 128; chunk 16, window 8, 5 Newton-Schulz
+    steps, clip) in the forward and in the backward's segment recompute, and Newton-Schulz inside the recomputed
+    chunks, all as Triton kernels. A memory side padded past 128 (E 200 -> 256) runs the xla chunk forward."""
+    layout = MemoryLayout(features, 32, expansion_dim)
+    settings = AtlasSettings(layout, window=8, chunk_size=16, ns_steps=5, grad_clip=1.0)
+    length = 128
+    keys = jax.ShapeDtypeStruct((1, length, 2, features), jnp.float32)
+    values = jax.ShapeDtypeStruct((1, length, 2, 32), jnp.float32)
+    gate = jax.ShapeDtypeStruct((1, length, 2), jnp.float32)
+    initial = tuple(jax.ShapeDtypeStruct((2, m, n), jnp.float32) for m, n in layout.shapes)
+
+    def loss(floats, initial):
+        inputs = AtlasInputs(*floats, jnp.ones((1, length), jnp.int32))
+        return jnp.sum(atlas_memory(inputs, initial, settings, impl="pallas") ** 2)
+
+    text = _lowered_for_h200(jax.grad(loss, argnums=(0, 1)), (keys, values, keys) + (gate,) * 4, initial)
+    assert ("atlas_memory_chunk_sweep_triton" in text) == fused
+    assert text.count("__gpu$xla.gpu.triton") >= (3 if fused else 1)
