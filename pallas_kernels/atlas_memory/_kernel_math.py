@@ -21,9 +21,11 @@ import jax.numpy as jnp
 
 from pallas_kernels.atlas_memory.constants import NORM_EPS
 from pallas_kernels.atlas_memory.memory import MemoryLayout
+from pallas_kernels.newton_schulz.coefficients import resolve_coefficients
 from pallas_kernels.newton_schulz.xla import operand_policy
 
 _F32 = jnp.float32
+NS_EPS = 1e-7  # newton_schulz's default eps, which memory.orthogonalize uses
 
 
 def dot(a, b, *, transpose_a=False, transpose_b=False, dtype=_F32, precision=None):
@@ -142,6 +144,36 @@ def base_factors(memory, initial, keys, values, fresh, weight, settings, gain, r
     selected = tuple((jnp.where(fresh, l0, l), jnp.where(fresh, r0, r))
                      for (l, r), (l0, r0) in zip(at_base, at_initial))
     return clipped_factors(selected, weight, settings.grad_clip)
+
+
+def token_update(state, token, chunk, carried, gates, initial, settings):
+    """The token rule's step at ``token`` of a chunk: ``(M_t, S_t)`` from ``state = (M_{t-1}, S_{t-1})``.
+
+    ``chunk`` and ``carried``: ``(factors, documents [rows, 1], positions [rows, 1])`` of the chunk's tokens and
+    of the window's carried tokens (``carried`` None without a window), the factors from ``base_factors`` /
+    ``clipped_factors``; ``gates``: the ``[rows, 1]`` columns alpha, theta, eta and start of the chunk's tokens.
+    ``G_t`` is the masked product of the factors over t's window and document, then
+    ``S_t = theta keep S - eta G_t`` (or ``- G_t`` with eta on the update), ``M_t = alpha keep M + NS_k(S_t)``
+    (times eta on the update) ``+ alpha start M_0``, ``keep = 1 - start``."""
+    memory, momentum = state
+    factors, documents, positions = chunk
+    document = pick(documents, token)
+    weights = window_column(documents, positions, token, document, settings.window)
+    sums = [dot(left * weights, right, transpose_a=True) for left, right in factors]
+    if carried is not None:
+        carried_factors, carried_documents, carried_positions = carried
+        weights = window_column(carried_documents, carried_positions, token, document, settings.window)
+        sums = [g + dot(left * weights, right, transpose_a=True) for g, (left, right) in zip(sums, carried_factors)]
+    alpha, theta, eta, start = (pick(column, token) for column in gates)
+    keep = 1.0 - start
+    on_update = settings.eta_scales == "update"
+    gradient_scale, update_scale = (1.0, eta) if on_update else (eta, 1.0)
+    schedule, norm_scale = resolve_coefficients(settings.ns_coefficients, settings.ns_steps)
+    momentum = tuple(theta * keep * s - gradient_scale * g for s, g in zip(momentum, sums))
+    orthogonal = tuple(newton_schulz(s, schedule, norm_scale, NS_EPS, settings.ns_dtype) for s in momentum)
+    memory = tuple(alpha * keep * m + update_scale * o + alpha * start * m0
+                   for m, o, m0 in zip(memory, orthogonal, initial))
+    return memory, momentum
 
 
 def pick(column, index):

@@ -55,11 +55,9 @@ from jax.experimental.pallas import tpu as pltpu
 from pallas_kernels.atlas_memory import _kernel_math as math
 from pallas_kernels.atlas_memory.inputs import AtlasSettings
 from pallas_kernels.atlas_memory.memory import pack, unpack
-from pallas_kernels.newton_schulz.coefficients import resolve_coefficients
 
 _F32 = jnp.float32
 ALPHA, THETA, ETA, WEIGHT, START, DOCUMENT, FRESH = range(7)
-NS_EPS = 1e-7  # newton_schulz's default eps, which memory.orthogonalize uses
 
 
 def _column(gates, index):
@@ -99,36 +97,19 @@ def _kernel(*refs, settings: AtlasSettings, history: int, has_gain: bool, every:
 
     chunk_factors = math.base_factors(memory, initial, keys_ref[...], values_ref[...], _column(gates, FRESH),
                                       _column(gates, WEIGHT), settings, gain)
-    positions = jax.lax.broadcasted_iota(jnp.int32, (size, 1), 0)
-    documents = _column(gates, DOCUMENT)
+    chunk_terms = (chunk_factors, _column(gates, DOCUMENT), jax.lax.broadcasted_iota(jnp.int32, (size, 1), 0))
+    carried = None
     if history:
         carried_gates = carried_gates_ref[...]
         carried_factors = math.clipped_factors(
             math.gradient_factors(memory, carried_keys_ref[...], carried_values_ref[...], layout, gain),
             _column(carried_gates, 0), settings.grad_clip)
-        carried_positions = jax.lax.broadcasted_iota(jnp.int32, (history, 1), 0) - history
-        carried_documents = _column(carried_gates, 1)
-
-    schedule, norm_scale = resolve_coefficients(settings.ns_coefficients, settings.ns_steps)
-    on_update = settings.eta_scales == "update"
+        carried = (carried_factors, _column(carried_gates, 1),
+                   jax.lax.broadcasted_iota(jnp.int32, (history, 1), 0) - history)
+    columns = tuple(_column(gates, k) for k in (ALPHA, THETA, ETA, START))
 
     def token_step(t, state):
-        memory, momentum = state
-        document = math.pick(documents, t)
-        weights = math.window_column(documents, positions, t, document, settings.window)
-        sums = [math.dot(left * weights, right, transpose_a=True) for left, right in chunk_factors]
-        if history:
-            carried = math.window_column(carried_documents, carried_positions, t, document, settings.window)
-            sums = [g + math.dot(left * carried, right, transpose_a=True)
-                    for g, (left, right) in zip(sums, carried_factors)]
-        alpha, theta, eta, start = (math.pick(_column(gates, k), t) for k in (ALPHA, THETA, ETA, START))
-        keep = 1.0 - start
-        gradient_scale = 1.0 if on_update else eta
-        update_scale = eta if on_update else 1.0
-        momentum = tuple(theta * keep * s - gradient_scale * g for s, g in zip(momentum, sums))
-        orthogonal = tuple(math.newton_schulz(s, schedule, norm_scale, NS_EPS, settings.ns_dtype) for s in momentum)
-        memory = tuple(alpha * keep * m + update_scale * o + alpha * start * m0
-                       for m, o, m0 in zip(memory, orthogonal, initial))
+        memory, momentum = math.token_update(state, t, chunk_terms, carried, columns, initial, settings)
         query = queries_ref[pl.ds(t, 1), :]
         y_ref[pl.ds(t, 1), :] = math.memory_apply(memory, query, layout, gain).astype(y_ref.dtype)
         return memory, momentum

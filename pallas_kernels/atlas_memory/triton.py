@@ -32,8 +32,10 @@ per token against Newton-Schulz's ``k (2 m^2 n + m^3) `` per matrix: 5-10% of th
 
 Checked here: the interpreter's results against the ``reference`` oracle (``test_atlas_memory_fused``) and
 the Pallas -> Triton IR lowering for an H200 on CPU (no GPU: ptxas and the launch are not exercised).
-Launch: 4 warps, one stage (the carried matrices live in registers; ``fits`` keeps each padded side at
-most ``MAX_SIDE``); to be tuned by ``benchmarks/gpu_suite.py``'s ``atlas_memory`` section on the GPU.
+Launch: one stage, the warps of the fused Newton-Schulz kernel at the largest padded memory side
+(``newton_schulz.triton.num_warps``: 4 up to 64, 8 up to 128); the carried matrices live in registers
+(``fits`` keeps each padded side at most ``MAX_SIDE``), and at 128 they spill: to be tuned with
+``benchmarks/gpu_suite.py``'s ``atlas_memory`` section on the GPU.
 """
 
 from __future__ import annotations
@@ -48,13 +50,12 @@ from jax.experimental.pallas import triton as pl_triton
 from pallas_kernels.atlas_memory import _kernel_math as math
 from pallas_kernels.atlas_memory.inputs import AtlasSettings
 from pallas_kernels.atlas_memory.memory import MemoryLayout, pack, unpack
-from pallas_kernels.newton_schulz.coefficients import resolve_coefficients
+from pallas_kernels.newton_schulz.triton import num_warps
 
 _F32 = jnp.float32
 ALPHA, THETA, ETA, WEIGHT, START, DOCUMENT, FRESH = range(7)
 GATE_COLUMNS = 8  # the seven per-token columns above, padded to a power of two
 PADDING_DOCUMENT = -2.0  # of the padded rows: no token's document (tokens >= 0, an empty window entry -1)
-NS_EPS = 1e-7  # newton_schulz's default eps, which memory.orthogonalize uses
 MAX_SIDE = 128  # the largest padded side of a memory matrix kept on chip (M, S, NS(S) and the Gram in registers)
 
 
@@ -90,8 +91,6 @@ def _kernel(*refs, settings: AtlasSettings, size: int, block: int, history: int,
     memory_out_refs, momentum_out_refs, final_memory_refs, final_momentum_refs = (take(count) for _ in range(4))
     value_count = layout.value_dim
     initial = tuple(r[...] for r in initial_refs)
-    schedule, norm_scale = resolve_coefficients(settings.ns_coefficients, settings.ns_steps)
-    on_update = settings.eta_scales == "update"
     positions = jax.lax.broadcasted_iota(jnp.int32, (block, 1), 0)
     carried_positions = jax.lax.broadcasted_iota(jnp.int32, (history_block, 1), 0) - history
 
@@ -99,37 +98,24 @@ def _kernel(*refs, settings: AtlasSettings, size: int, block: int, history: int,
         memory, momentum = state
         rows = pl.ds(chunk * block, block)
         column = lambda index: gates_ref[rows, pl.ds(index, 1)]  # noqa: E731  [b', 1]
-        documents = column(DOCUMENT)
         chunk_factors = math.base_factors(memory, initial, keys_ref[rows, :], values_ref[rows, :], column(FRESH),
                                           column(WEIGHT), settings, gain, key_residual_ref[rows, :], value_count)
+        chunk_terms = (chunk_factors, column(DOCUMENT), positions)
+        carried = None
         if history:
             span = pl.ds(chunk * history_block, history_block)
-            keys, values, residual, gates = (r[span, :] for r in carried_refs)
+            keys, values, residual = (r[span, :] for r in carried_refs[:3])
             carried_factors = math.clipped_factors(
                 math.gradient_factors(memory, keys, values, padded, gain, residual, value_count),
                 carried_refs[3][span, pl.ds(0, 1)], settings.grad_clip)
-            carried_documents = carried_refs[3][span, pl.ds(1, 1)]
+            carried = (carried_factors, carried_refs[3][span, pl.ds(1, 1)], carried_positions)
         queries, query_residual = queries_ref[rows, :], query_residual_ref[rows, :]
-        alphas, thetas, etas, starts = (column(k) for k in (ALPHA, THETA, ETA, START))
+        columns = tuple(column(k) for k in (ALPHA, THETA, ETA, START))
 
         def token_step(t, state):
             memory, momentum, y = state
-            document = math.pick(documents, t)
-            weights = math.window_column(documents, positions, t, document, settings.window)
-            sums = [math.dot(left * weights, right, transpose_a=True) for left, right in chunk_factors]
-            if history:
-                carried = math.window_column(carried_documents, carried_positions, t, document, settings.window)
-                sums = [g + math.dot(left * carried, right, transpose_a=True)
-                        for g, (left, right) in zip(sums, carried_factors)]
-            alpha, theta, eta, start = (math.pick(c, t) for c in (alphas, thetas, etas, starts))
-            keep = 1.0 - start
-            gradient_scale = 1.0 if on_update else eta
-            update_scale = eta if on_update else 1.0
-            momentum = tuple(theta * keep * s - gradient_scale * g for s, g in zip(momentum, sums))
-            orthogonal = tuple(math.newton_schulz(s, schedule, norm_scale, NS_EPS, settings.ns_dtype)
-                               for s in momentum)
-            memory = tuple(alpha * keep * m + update_scale * o + alpha * start * m0
-                           for m, o, m0 in zip(memory, orthogonal, initial))
+            memory, momentum = math.token_update((memory, momentum), t, chunk_terms, carried, columns, initial,
+                                                 settings)
             read = math.memory_apply(memory, queries, padded, gain, query_residual, value_count)
             return memory, momentum, jnp.where(positions == t, read, y)
 
@@ -218,7 +204,8 @@ def sweep(carry, xs, windows, initial_memory, gain, settings: AtlasSettings, *, 
                                num_groups=num_groups)
     outputs = pl.pallas_call(
         kernel, grid=(batch, heads), in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
-        compiler_params=pl_triton.CompilerParams(num_warps=4, num_stages=1), interpret=interpret,
+        compiler_params=pl_triton.CompilerParams(num_warps=max(num_warps(m, n) for m, n in sides), num_stages=1),
+        interpret=interpret,
         name="atlas_memory_chunk_sweep_triton",
     )(*operands)
     count = len(layout.shapes)
