@@ -165,12 +165,11 @@ def sweep(carry, xs, windows, initial_memory, gain, settings: AtlasSettings, *, 
     per_head = lambda x: jnp.broadcast_to(x[..., None], (*x.shape, heads)).astype(_F32)  # noqa: E731
     gates = jnp.stack([alpha, theta, eta, gamma, per_head(starts), per_head(document), per_head(fresh)], axis=-1)
     gates = _rows(gates, block, GATE_COLUMNS)  # [B, H, N b', 8]
-    real_row = (jnp.arange(gates.shape[2]) % block < size)[:, None]
-    gates = gates.at[..., DOCUMENT].set(jnp.where(real_row[:, 0], gates[..., DOCUMENT], PADDING_DOCUMENT))
+    real_row = jnp.arange(gates.shape[2]) % block < size
+    gates = gates.at[..., DOCUMENT].set(jnp.where(real_row, gates[..., DOCUMENT], PADDING_DOCUMENT))
     operands = [_rows(phi_k, block, feature_dim), _rows(values, block, padded.value_dim),
                 _rows(phi_q, block, feature_dim), _rows(phi_k[..., :value_dim], block, padded.value_dim),
                 _rows(phi_q[..., :value_dim], block, padded.value_dim), gates]
-    widths = [feature_dim, padded.value_dim, feature_dim, padded.value_dim, padded.value_dim, GATE_COLUMNS]
     if history:
         carried_keys, carried_values, carried_weights, carried_documents = windows  # [N, B, c - 1, H, ...]
         carried_gates = jnp.stack([carried_weights, per_head(carried_documents)], axis=-1)
@@ -180,9 +179,8 @@ def sweep(carry, xs, windows, initial_memory, gain, settings: AtlasSettings, *, 
         operands += [_rows(carried_keys, history_block, feature_dim),
                      _rows(carried_values, history_block, padded.value_dim),
                      _rows(carried_keys[..., :value_dim], history_block, padded.value_dim), carried_gates]
-        widths += [feature_dim, padded.value_dim, padded.value_dim, 2]
     rows = lambda length, width: pl.BlockSpec((None, None, length, width), lambda b, h: (b, h, 0, 0))  # noqa: E731
-    in_specs = [rows(x.shape[2], width) for x, width in zip(operands, widths)]
+    in_specs = [rows(*x.shape[2:]) for x in operands]  # [B, H, rows, width]: a (row, head)'s whole sequence
     sides = [(side(m), side(n)) for m, n in layout.shapes]
     operands += [_pad_to(m0, (heads, *s)) for m0, s in zip(initial_memory, sides)]
     in_specs += [pl.BlockSpec((None, m, n), lambda b, h: (h, 0, 0)) for m, n in sides]
