@@ -16,8 +16,17 @@ os.environ["HF_MODULES_CACHE"] = tempfile.mkdtemp(prefix="hf_modules_")  # not i
 
 import gc  # noqa: E402
 import random  # noqa: E402
+import signal  # noqa: E402
 
 import pytest  # noqa: E402
+
+# A suite started in the background by a non-interactive shell (`pytest ... &`, `nohup`) inherits SIGINT and
+# SIGQUIT ignored, and so would every run a test starts: the tests that interrupt a run (tests/reliability,
+# test_cluster) would wait on a signal that never arrives, and leave the run behind. Here they are caught
+# again; a caught signal is default in a child after exec, so the runs the tests start see them.
+for _signum, _handler in ((signal.SIGINT, signal.default_int_handler), (signal.SIGQUIT, signal.SIG_DFL)):
+    if signal.getsignal(_signum) == signal.SIG_IGN:
+        signal.signal(_signum, _handler)
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -61,10 +61,23 @@ sys.exit(train.main())
 """
 
 
-def _start_with_stderr_lines(script: str, overrides):
+@pytest.fixture
+def reaped():
+    """The runs a test starts (it appends them), killed at its end if still running: a failed test leaves no
+    run behind to hold a core for the rest of the suite."""
+    processes = []
+    yield processes
+    for process in processes:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def _start_with_stderr_lines(script: str, overrides, reaped):
     """The process and a list its stderr lines are appended to as they come (a reader thread)."""
     process = subprocess.Popen([sys.executable, "-c", script, *overrides], cwd=ROOT, env=subprocess_env(),
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    reaped.append(process)
     lines = []
     threading.Thread(target=lambda: lines.extend(iter(process.stderr.readline, "")), daemon=True).start()
     return process, lines
@@ -80,11 +93,11 @@ def _wait_for_stderr(process, lines, fragment, timeout):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
-def test_signal_during_first_compile_saves_step_one_and_exits_preempted(tmp_path, corpus, signum):
+def test_signal_during_first_compile_saves_step_one_and_exits_preempted(tmp_path, corpus, signum, reaped):
     run_dir, release = tmp_path / "run", tmp_path / "release"
     overrides = tiny_overrides(run_dir, corpus, train__steps=200, checkpoint__every_steps=100)
     process, lines = _start_with_stderr_lines(
-        _HELD_FIRST_COMPILE.format(root=str(ROOT), release=str(release)), overrides)
+        _HELD_FIRST_COMPILE.format(root=str(ROOT), release=str(release)), overrides, reaped)
     _wait_for_stderr(process, lines, "first step compiling, held open", 240)
     process.send_signal(signum)
     _wait_for_stderr(process, lines, f"{signum.name} received: stopping after this step", 120)
@@ -100,7 +113,7 @@ def test_signal_during_first_compile_saves_step_one_and_exits_preempted(tmp_path
 
 
 @pytest.mark.slow
-def test_kill_9_at_random_moments_of_async_saves_resumes_bitwise(tmp_path, corpus):
+def test_kill_9_at_random_moments_of_async_saves_resumes_bitwise(tmp_path, corpus, reaped):
     """Three seeds pick a moment (after 3..27 logged steps, plus 0-50 ms); each killed run resumes bitwise."""
     steps = 30
     straight = tmp_path / "straight"
@@ -114,6 +127,7 @@ def test_kill_9_at_random_moments_of_async_saves_resumes_bitwise(tmp_path, corpu
         rng = random.Random(seed)
         kill_after_rows = rng.randint(3, steps - 3)
         process = start_train(overrides)
+        reaped.append(process)
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and len(_rows(run_dir)) < kill_after_rows and process.poll() is None:
             time.sleep(0.002)
@@ -148,12 +162,13 @@ sys.exit(train.main())
 
 
 @pytest.mark.slow
-def test_second_sigint_stops_at_once_with_status_130(tmp_path, corpus):
+def test_second_sigint_stops_at_once_with_status_130(tmp_path, corpus, reaped):
     run_dir = tmp_path / "run"
     overrides = tiny_overrides(run_dir, corpus, train__steps=100000, checkpoint__every_steps=100000)
     # stdout is not read here: a pipe nobody drains could fill and block the run's last messages
     process = subprocess.Popen([sys.executable, "-c", _HELD_SAVE.format(root=str(ROOT)), *overrides], cwd=ROOT,
                                env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    reaped.append(process)
     lines = []
     reader = threading.Thread(target=lambda: lines.extend(iter(process.stderr.readline, "")), daemon=True)
     reader.start()
