@@ -24,6 +24,22 @@ def start_train(overrides) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+def truncate(path: Path) -> None:
+    """``path`` cut to half its bytes."""
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def truncate_data_files(directory: Path) -> None:
+    """Every data file of an OCDBT store (``<item>/ocdbt.process_0/d``) cut to half. Not only the largest: in one
+    run of the suite the largest held nothing the restore read (the store keeps superseded writes; the run
+    resumed from that step without a warning and ended on the uninterrupted run's loss)."""
+    files = [p for p in Path(directory).rglob("*") if p.is_file()]
+    assert files, f"no data files under {directory}"
+    for path in files:
+        truncate(path)
+
+
 def snapshot(directory) -> dict:
     """Every path under ``directory`` with its modification time and size: equal snapshots = nothing written."""
     return {p.relative_to(directory): (p.stat().st_mtime_ns, p.stat().st_size) for p in Path(directory).rglob("*")}

@@ -1,33 +1,24 @@
 """A damaged newest checkpoint: the run falls back to the newest complete one, bitwise, and renames the bad one aside."""
 
 import shutil
-from pathlib import Path
 
 import pytest
 
 import train as train_entry
 from conftest import tiny_overrides, write_corpus
-from reliability_helpers import assert_same_params, final_params, logged_losses, one_paragraph_error, snapshot
-
-
-def _largest(directory: Path) -> Path:
-    return max((p for p in directory.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
-
-
-def _truncate(path: Path) -> None:
-    data = path.read_bytes()
-    path.write_bytes(data[: len(data) // 2])
+from reliability_helpers import (assert_same_params, final_params, logged_losses, one_paragraph_error, snapshot,
+                                truncate, truncate_data_files)
 
 
 CORRUPTIONS = {
-    "truncated params chunk": (lambda step: _truncate(_largest(step / "params" / "ocdbt.process_0" / "d")),
+    "truncated params chunk": (lambda step: truncate_data_files(step / "params" / "ocdbt.process_0" / "d"),
                                "step 10"),
-    "truncated opt_state chunk": (lambda step: _truncate(_largest(step / "opt_state" / "ocdbt.process_0" / "d")),
+    "truncated opt_state chunk": (lambda step: truncate_data_files(step / "opt_state" / "ocdbt.process_0" / "d"),
                                   "step 10"),
     "deleted params/_METADATA": (lambda step: (step / "params" / "_METADATA").unlink(), "params/_METADATA is missing"),
     "deleted data state": (lambda step: (step / "data" / "process_0-of-1.json").unlink(),
                            "data/process_0-of-1.json is missing"),
-    "truncated config/metadata": (lambda step: _truncate(step / "config" / "metadata"),
+    "truncated config/metadata": (lambda step: truncate(step / "config" / "metadata"),
                                   "config/metadata is not readable JSON"),
     "removed params/": (lambda step: shutil.rmtree(step / "params"), "params/ is missing"),
 }

@@ -11,23 +11,14 @@ import eval as eval_entry
 import export as export_entry
 import train as train_entry
 from conftest import tiny_overrides, write_corpus
-from reliability_helpers import one_paragraph_error, snapshot
+from reliability_helpers import one_paragraph_error, snapshot, truncate, truncate_data_files
 from seqmodels.runs.checkpoints import RunCheckpoints
 
 
-def _largest(directory: Path) -> Path:
-    return max((p for p in directory.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
-
-
-def _truncate(path: Path) -> None:
-    data = path.read_bytes()
-    path.write_bytes(data[: len(data) // 2])
-
-
 DAMAGE = {
-    "truncated params chunk": lambda step: _truncate(_largest(step / "params" / "ocdbt.process_0" / "d")),
+    "truncated params chunk": lambda step: truncate_data_files(step / "params" / "ocdbt.process_0" / "d"),
     "deleted params/_METADATA": lambda step: (step / "params" / "_METADATA").unlink(),
-    "truncated config/metadata": lambda step: _truncate(step / "config" / "metadata"),
+    "truncated config/metadata": lambda step: truncate(step / "config" / "metadata"),
 }
 
 
