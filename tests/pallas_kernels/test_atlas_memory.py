@@ -190,6 +190,7 @@ def test_packed_documents_share_no_state():
     assert float(jnp.abs(y_joined[:, 4:] - y_alone[:, :6]).max()) > 1e-3  # without segments, A leaks into B
 
 
+@pytest.mark.slow  # ~11 s
 def test_zero_momentum_gives_no_nan_and_keeps_the_initial_memory():
     inputs, initial, settings = settings_for("deep-p2-c3-b4-k5")
     # eta = 0 and gamma = 0: every momentum is exactly zero, so NS_5 runs on zero matrices.
@@ -226,6 +227,7 @@ def test_inputs_of_the_wrong_shape_are_named():
         AtlasSettings(settings.layout, window=1, chunk_size=4, ns_steps=0, eta_scales="memory")
 
 
+@pytest.mark.slow  # ~11 s
 def test_eta_on_the_update_scales_the_memory_step():
     # A different rule from eta on the gradient (else its equivalence case proves nothing). At a
     # document's first token (memory M_0, momentum 0) the step is eta_t NS_k(-G_t) with eta on the
@@ -250,6 +252,7 @@ def test_eta_on_the_update_scales_the_memory_step():
                                atol=1e-3 * float(jnp.abs(step).max()))
 
 
+@pytest.mark.slow  # ~9 s
 def test_gradient_clip_is_active_in_the_clipped_case():
     # The clipped case must differ from the same rule unclipped, or its equivalence test proves nothing.
     inputs, initial, settings = settings_for("deep-p1-c1-b4-k0-clip")
