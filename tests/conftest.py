@@ -96,7 +96,7 @@ def tiny_overrides(run_dir, corpus_glob, **extra):
 # Cases the fast tier had kept that took over 5 s (setup + call) in the whole-suite run of 2026-12-04 on 2 cores
 # (`CI=true PYTEST_ADDOPTS=--durations=0 bash .ci/run`, load 3.2-4.0): marked slow here by node id, so that
 # `pytest -m "not slow"` stays under 6 minutes (it took 514 s with them). The whole suite, as CI runs it, keeps them.
-# 2026-12-05: three more of 10-18 s (the fast tier took 347-391 s on a clean clone); the state-passing test keeps
+# 2026-12-05: nine more of 9-18 s (the fast tier took 347-391 s on a clean clone); the state-passing test keeps
 # its linear_scan case in the fast tier in place of the delta rule's.
 MEASURED_SLOW = frozenset({
     "tests/benchmarks/test_recurrent_benchmarks.py::test_train_step_benchmark_runs_one_tiny_case_through_the_pallas_path",
@@ -152,6 +152,12 @@ MEASURED_SLOW = frozenset({
     "tests/test_entry_points.py::test_checkpoint_of_another_architecture_is_refused_and_left_untouched",
     "tests/test_entry_points.py::test_eval_reports_heldout_perplexity_and_loss_by_position",
     "tests/test_eval_ruler.py::test_eval_ruler_writes_scores_a_table_and_heatmaps_and_leaves_out_lengths_beyond_the_model",
+    "tests/seqmodels/hf/torch/test_chunked_forms.py::test_atlas_chunked_gives_the_recurrent_logits_and_parameter_gradients[atlas]",
+    "tests/pallas_kernels/test_momentum_scan.py::test_auto_and_pallas_run_the_chunked_form",
+    "tests/seqmodels/layers/test_context.py::test_split_attention_equals_the_whole_row_and_moves_only_what_its_form_needs[12-2-gather-moved2]",
+    "tests/seqmodels/layers/test_context.py::test_split_attention_equals_the_whole_row_and_moves_only_what_its_form_needs[17-1-gather-moved5]",
+    "tests/seqmodels/mixers/test_longhorn.py::test_muonssm_longhorn_with_zero_steps_and_zero_gamma_is_longhorn",
+    "tests/seqmodels/layers/test_banded.py::test_bfloat16_rows_stay_bfloat16_and_match_the_masked_path",
 })
 
 
