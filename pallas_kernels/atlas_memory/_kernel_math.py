@@ -26,6 +26,8 @@ from pallas_kernels.newton_schulz.xla import operand_policy
 
 _F32 = jnp.float32
 NS_EPS = 1e-7  # newton_schulz's default eps, which memory.orthogonalize uses
+# The per-token gate columns the fused kernels read (alpha, theta, eta, weight, start, document, fresh).
+ALPHA, THETA, ETA, WEIGHT, START, DOCUMENT, FRESH = range(7)
 
 
 def dot(a, b, *, transpose_a=False, transpose_b=False, dtype=_F32, precision=None):

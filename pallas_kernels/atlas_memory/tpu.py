@@ -53,11 +53,11 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from pallas_kernels.atlas_memory import _kernel_math as math
+from pallas_kernels.atlas_memory._kernel_math import ALPHA, DOCUMENT, ETA, FRESH, START, THETA, WEIGHT
 from pallas_kernels.atlas_memory.inputs import AtlasSettings
 from pallas_kernels.atlas_memory.memory import pack, unpack
 
 _F32 = jnp.float32
-ALPHA, THETA, ETA, WEIGHT, START, DOCUMENT, FRESH = range(7)
 
 
 def _column(gates, index):

@@ -48,12 +48,12 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
 from pallas_kernels.atlas_memory import _kernel_math as math
+from pallas_kernels.atlas_memory._kernel_math import ALPHA, DOCUMENT, ETA, FRESH, START, THETA, WEIGHT
 from pallas_kernels.atlas_memory.inputs import AtlasSettings
 from pallas_kernels.atlas_memory.memory import MemoryLayout, pack, unpack
 from pallas_kernels.newton_schulz.triton import num_warps
 
 _F32 = jnp.float32
-ALPHA, THETA, ETA, WEIGHT, START, DOCUMENT, FRESH = range(7)
 GATE_COLUMNS = 8  # the seven per-token columns above, padded to a power of two
 PADDING_DOCUMENT = -2.0  # of the padded rows: no token's document (tokens >= 0, an empty window entry -1)
 MAX_SIDE = 128  # the largest padded side of a memory matrix kept on chip (M, S, NS(S) and the Gram in registers)
