@@ -81,8 +81,6 @@ class ModelConfigBase:
                  f"layers of mixer {other[0]!r}: the compressors reuse each layer's attention queries, keys and "
                  "values, so every layer of the base must be 'attention'")
         _require(not self.scan_layers, "model.scan_layers", "must be false for model.kind = ahn")
-        _require(self.remat == "none", "model.remat", "must be none for model.kind = ahn (its layers are not "
-                                                      "rematerialised)")
         _require(self.attention.conv_kernel == 0 and not self.attention.qk_norm, "model.ahn.base",
                  "the base's attention has a short convolution or q/k norm; AHN takes a Llama / Qwen2 layout")
 

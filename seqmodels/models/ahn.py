@@ -20,7 +20,9 @@ A ``random_window`` draw is traced, so its window and evicted stream gather the 
 ``0 .. T-1``; segment ids are not used: a packed row is one long context). The parameter tree is the
 decoder LM's (``embed``, ``blocks/i/{mixer_norm, mixer, mlp_norm, mlp}``, ``final_norm``, ``head`` when
 untied: what ``seqmodels.hf.load_pretrained_params`` of the base gives) plus one subtree
-``blocks/i/ahn`` per layer; only ``ahn`` subtrees train (``trainable_path``).
+``blocks/i/ahn`` per layer; only ``ahn`` subtrees train (``trainable_path``). ``model.remat`` rematerialises
+each student layer (its policies as for an LM); the teacher keeps no residuals (it is under ``stop_gradient``),
+so with ``remat=full`` the backward holds one ``[B, T, D]`` input per layer and one layer's attention at a time.
 
 Training loss (``loss``): KL(teacher || student) summed over the vocabulary, averaged over the positions
 ``>= window`` (``ahn_loss.chunked_kl``). With ``model.ahn.random_window`` each step draws ``(window,
@@ -47,6 +49,7 @@ from seqmodels.layers.context_attention import split_attention
 from seqmodels.layers.mlp import SwiGLU
 from seqmodels.layers.norms import RMSNorm
 from seqmodels.mixers.attention import Attention, _flops as attention_flops
+from seqmodels.models.lm import REMAT_POLICIES
 from seqmodels.models.ahn_compressor import Compressor, compressor_flops_per_token
 from seqmodels.models.ahn_loss import chunked_kl, window_choices
 from seqmodels.sharding import sequence_shards
@@ -127,6 +130,14 @@ class AHNBlock(nnx.Module):
                 "positions": jnp.full((batch_size, window), -1, jnp.int32), "state": self.ahn.init_state(batch_size)}
 
 
+def _student_layer(ring, sinks, compress: bool):
+    """``(block, x, positions) -> x`` through the student layer; ``ring`` / ``sinks`` (ints or traced) closed over,
+    so a fixed window stays static under ``nnx.remat``."""
+    def layer(block: AHNBlock, x, positions):
+        return block.windowed(x, positions, ring=ring, sinks=sinks, compress=compress)
+    return layer
+
+
 class AHNModel(nnx.Module):
     """The frozen base with a compressor per layer (module docstring)."""
 
@@ -144,9 +155,13 @@ class AHNModel(nnx.Module):
         batch, length = tokens.shape
         positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
         x = jnp.take(self.embed.get_value(), tokens, axis=0).astype(jnp.dtype(self.config.compute_dtype))
+        remat = window is not None and self.config.remat != "none"
         for block in self.blocks:
             if window is None:
                 x = block.full(x, positions)
+            elif remat:  # window and sinks stay Python ints where they are (a fixed window keeps its halo)
+                x = nnx.remat(_student_layer(window - sinks, sinks, compress),
+                              policy=REMAT_POLICIES[self.config.remat])(block, x, positions)
             else:
                 x = block.windowed(x, positions, ring=window - sinks, sinks=sinks, compress=compress)
         return self.final_norm(x)
