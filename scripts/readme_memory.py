@@ -118,6 +118,38 @@ def _needle(first: str, rows: list[tuple[str, str, str]]) -> str:
                      for cells in [header, ["---"] * len(header), *lines]).replace("| --- ", "|---")
 
 
+# (label, results directory under NEEDLE / RECALL without its _seed<S> suffix): ns_granularity at 2 seeds
+GRANULARITY = [("token (the paper's Eq. 32), 250 steps", "granularity/token"),
+               ("chunk, 250 steps", "granularity/chunk"),
+               ("chunk, 1,250 steps (in less than token's time)", "granularity/chunk_1250steps")]
+GRANULARITY_SEEDS = (0, 1)
+
+
+def _seeds(values: list[float], digits: int) -> str:
+    """``mean (seed 0 / seed 1)``."""
+    return f"{sum(values) / len(values):.{digits}f} ({' / '.join(f'{v:.{digits}f}' for v in values)})"
+
+
+def needle_granularity() -> str:
+    """experiments/needle/results/granularity/<run>_seed<S>/needle.json: per length the mean accuracy over the
+    seeds (each seed's in brackets), the final training loss and the training seconds, both means."""
+    rows, lengths = [], None
+    for label, run in GRANULARITY:
+        results = []
+        for seed in GRANULARITY_SEEDS:
+            report = load_json(f"{NEEDLE}/{run}_seed{seed}/needle.json")
+            assert report["settings"]["seed"] == seed, (run, report["settings"]["seed"])
+            lengths = lengths or report["lengths"]
+            assert report["lengths"] == lengths, (run, report["lengths"], lengths)
+            results.append(report["models"]["atlas"])
+        rows.append([label, *(_seeds([r["by_length"][name]["accuracy"] for r in results], 2) for name in lengths),
+                     _seeds([r["last_loss"] for r in results], 3),
+                     f"{sum(r['train_seconds'] for r in results) / len(results):.0f}"])
+    header = ["ns_granularity", *(f"{name} ({tokens} tokens)" for name, tokens in lengths.items()),
+              "final train loss", "train s"]
+    return compact_table(header, rows, 1)
+
+
 def needle_eta_sweep() -> str:
     """experiments/needle/results/eta_sweep/eta_<high>/needle.json and results/needle.json (eta on the gradient)."""
     return _needle("eta_range", NEEDLE_ETA_SWEEP)
@@ -229,6 +261,24 @@ def recall_atlas_corrected() -> str:
                  _accuracy("atlas_update", "atlas window 1")])
     return compact_table(["mixer", "T=64, 4 pairs", "final train loss", "train s",
                      "`results/atlas_update/` (eta [0, 0.1], earlier window form)"], rows, 1)
+
+
+def recall_granularity() -> str:
+    """experiments/recall/results/granularity/<run>_seed<S>/recall.json: accuracy, held-out answer loss and
+    final training loss as means over the seeds (each seed's in brackets), training seconds (mean)."""
+    rows = []
+    for label, run in GRANULARITY:
+        results = []
+        for seed in GRANULARITY_SEEDS:
+            report = load_json(f"{RECALL}/{run}_seed{seed}/recall.json")
+            assert report["args"]["seed"] == seed, (run, report["args"]["seed"])
+            (result,) = report["results"]
+            results.append(result)
+        rows.append([label, _seeds([r["accuracy"] for r in results], 3), _seeds([r["answer_loss"] for r in results], 2),
+                     _seeds([r["final_train_loss"] for r in results], 2),
+                     f"{sum(r['train_seconds'] for r in results) / len(results):.0f}"])
+    return compact_table(["ns_granularity", "T=64, 4 pairs", "held-out answer loss", "final train loss", "train s"],
+                         rows, 1)
 
 
 def recall_eta() -> str:

@@ -25,16 +25,20 @@ from readme_cfl import (
     cfl_heldout, cfl_heldout_batch256, cfl_lengths_to_12, cfl_long_width128, cfl_long_width64, cfl_recipes,
 )
 from readme_memory import (
-    NEEDLE, NEEDLE_ABLATIONS, NEEDLE_BEFORE, NEEDLE_CORRECTED, NEEDLE_ETA_CURRENT, NEEDLE_ETA_SWEEP, RECALL,
-    RECALL_ETA, ahn_loss, memory_sweep, needle_ablations, needle_before, needle_corrected, needle_eta_current,
-    needle_eta_sweep, recall_atlas, recall_atlas_corrected, recall_atlas_update, recall_eta, recall_grid,
-    recall_grid_corrected, recall_ns_scope,
+    GRANULARITY, GRANULARITY_SEEDS, NEEDLE, NEEDLE_ABLATIONS, NEEDLE_BEFORE, NEEDLE_CORRECTED, NEEDLE_ETA_CURRENT,
+    NEEDLE_ETA_SWEEP, RECALL, RECALL_ETA, ahn_loss, memory_sweep, needle_ablations, needle_before, needle_corrected,
+    needle_eta_current, needle_eta_sweep, needle_granularity, recall_atlas, recall_atlas_corrected, recall_atlas_update,
+    recall_eta, recall_grid, recall_grid_corrected, recall_granularity, recall_ns_scope,
 )
 import readme_format
 
 
 def _long(*names: str) -> tuple[str, ...]:
     return tuple(f"{CFL}/long/{name}.json" for name in names)
+
+
+def _granularity(root: str, name: str) -> tuple[str, ...]:
+    return tuple(f"{root}/{run}_seed{seed}/{name}" for _, run in GRANULARITY for seed in GRANULARITY_SEEDS)
 
 
 # name: (README, the results files it is generated from, generator)
@@ -62,6 +66,8 @@ TABLES = {
                                     ("needle-ablations", NEEDLE_ABLATIONS, needle_ablations),
                                     ("needle-eta-current", NEEDLE_ETA_CURRENT, needle_eta_current),
                                     ("needle-before", NEEDLE_BEFORE, needle_before))},
+    "needle-granularity": ("experiments/needle/README.md", _granularity(NEEDLE, "needle.json"), needle_granularity),
+    "recall-granularity": ("experiments/recall/README.md", _granularity(RECALL, "recall.json"), recall_granularity),
     **{name: ("experiments/recall/README.md", tuple(f"{RECALL}/{run}/recall.json" for run in runs), generate)
        for name, runs, generate in (
            ("recall-grid", ["grid"], recall_grid), ("recall-atlas", ["atlas"], recall_atlas),
