@@ -146,13 +146,20 @@ def distillation_loss_and_grads(model, params, batch):
     return *jax.device_get(compiled(params)), compiled.memory_analysis().temp_size_in_bytes
 
 
-# 15-20 s each on 2 busy cores: the traced draw's case is in the slow tier
+@pytest.fixture(scope="module")
+def small_base(tmp_path_factory):
+    """Two layers of d_model 32: enough for remat to change the program, small enough to compile fast."""
+    return write_tiny_base(tmp_path_factory.mktemp("ahn_remat") / "base", mixers=("attention",) * 2, d_model=32,
+                           num_heads=2, d_ff=48)
+
+
+# the traced draw's case is in the slow tier (its compile is the longer)
 @pytest.mark.parametrize("random_window", [False, pytest.param(True, marks=pytest.mark.slow)])
-def test_rematerialised_student_layers_give_the_same_loss_and_gradients(tiny_base, random_window):
+def test_rematerialised_student_layers_give_the_same_loss_and_gradients(small_base, random_window):
     """``model.remat=full`` recomputes each student layer in the backward: the same distillation loss and
     compressor gradients as keeping every residual, with a fixed window and with a traced (window, sinks) draw;
     and the rematerialised program keeps fewer bytes of temporaries."""
-    directory, base_config, _ = tiny_base
+    directory, base_config, _ = small_base
     model, params = ahn_model(directory, base_config, window=12, sinks=3, random_readout=0.5,
                               random_window=random_window)
     remat_model, remat_params = ahn_model(directory, dataclasses.replace(base_config, remat="full"), window=12,
