@@ -31,14 +31,17 @@ sinks)`` from ``window_choices`` keyed by the step (``batch["step"]``, which the
 Decoding (``init_cache`` / ``__call__(tokens, cache=...)``, so ``seqmodels.models.generate`` works) keeps
 per layer the sink keys/values, a ring of the window's keys/values (with each token's write gates) and
 the compressor state; the token a new one overwrites in the ring is written into the state first. The
-cache size is fixed by ``window``: it does not grow with the length decoded. Tokens are processed one at
-a time (a prefill scans the same step).
+cache size is fixed by ``window``: it does not grow with the length decoded. Decoding steps one token at a
+time; a prompt into a fresh cache (position 0) runs as one parallel pass, the training forward's, and builds
+the cache the steps would have left (``AHNBlock.prefill``), so a long prompt costs one forward, not one
+scan step per token; more tokens after earlier ones step through the cache.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from seqmodels.config import ModelConfig
@@ -60,6 +63,20 @@ TRAINABLE_SUBTREE = "ahn"
 def trainable_path(path) -> bool:
     """Whether the parameter at ``path`` (a key path of the pure parameter dict) belongs to a compressor."""
     return TRAINABLE_SUBTREE in [str(getattr(part, "key", part)) for part in path]
+
+
+def slot_positions(length: int, window: int, sinks: int) -> np.ndarray:
+    """``[window]`` ints: the position each decoding cache slot holds after tokens ``0 .. length - 1`` (slot
+    ``p`` for a sink ``p < sinks``, ``sinks + (p - sinks) % ring`` for the others, the latest one kept), -1 for
+    a slot not yet written."""
+    ring = window - sinks
+    held = np.full(window, -1, np.int64)
+    held[:min(sinks, length)] = np.arange(min(sinks, length))
+    for slot in range(ring):
+        first = sinks + slot
+        if first < length:
+            held[sinks + slot] = first + ring * ((length - 1 - first) // ring)
+    return held
 
 
 class AHNBlock(nnx.Module):
@@ -98,6 +115,31 @@ class AHNBlock(nnx.Module):
         if compress:
             heads = heads + self.ahn(h, q, k, v, ring=ring, sinks=sinks).astype(heads.dtype)
         return self._finish(x, heads)
+
+    def prefill(self, x, positions, *, window: int, sinks: int):
+        """The student layer over a whole prompt ``x [B, P, D]`` from position 0 (``windowed``), and the cache
+        ``decode`` would hold after stepping through the same ``P`` tokens: the sinks, the ring slots' latest
+        tokens with their write gates, and the compressor state of the tokens evicted so far."""
+        ring, (batch, length) = window - sinks, x.shape[:2]
+        h = self.mixer_norm(x)
+        q, k, v, _ = self.mixer._project(h, positions)
+        ones = jnp.ones(positions.shape, jnp.int32)
+        heads = attend(q, k, v, visibility_mask(ones, positions, ones, positions, window=ring, num_sinks=sinks))
+        memory, state = self.ahn(h, q, k, v, ring=ring, sinks=sinks, return_state=True)
+        strength, log_decay = self.ahn.write_gates(h)
+        held = jnp.asarray(slot_positions(length, window, sinks))  # [window]: the position each slot holds, or -1
+        take = jnp.clip(held, 0, length - 1)
+        written = held >= 0
+
+        def slots(values, fill):
+            kept = jnp.take(values, take, axis=1)
+            return jnp.where(written.reshape((1, window) + (1,) * (values.ndim - 2)), kept, fill)
+
+        cache = self.init_cache(batch, window, x.dtype)
+        cache = {"k": slots(k.astype(cache["k"].dtype), 0), "v": slots(v.astype(cache["v"].dtype), 0),
+                 "strength": slots(strength, 0.0), "log_decay": slots(log_decay, 0.0),
+                 "positions": jnp.broadcast_to(held.astype(jnp.int32), (batch, window)), "state": state}
+        return self._finish(x, heads + memory.astype(heads.dtype)), cache
 
     def decode(self, x, position, cache: dict, *, window: int, sinks: int):
         """One token ``x [B, 1, D]`` at ``position`` (a scalar) through the layer; returns ``(x, cache)``."""
@@ -179,7 +221,22 @@ class AHNModel(nnx.Module):
         settings = self.config.ahn
         if cache is None:
             return self.logits(self.hidden(tokens, window=settings.window, sinks=settings.sinks)), None
-        return self._stream(tokens, cache)
+        if tokens.shape[1] == 1:
+            return self._stream(tokens, cache)
+        # a prompt into a fresh cache runs as one parallel pass; more tokens after earlier ones step through
+        return jax.lax.cond(cache["position"] == 0, lambda: self._prefill(tokens, cache),
+                            lambda: self._stream(tokens, cache))
+
+    def _prefill(self, tokens, cache):
+        """The student's forward over ``tokens`` from position 0 and the cache it leaves (``AHNBlock.prefill``)."""
+        settings, (batch, length) = self.config.ahn, tokens.shape
+        positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
+        x = jnp.take(self.embed.get_value(), tokens, axis=0).astype(jnp.dtype(self.config.compute_dtype))
+        layers = []
+        for block in self.blocks:
+            x, layer = block.prefill(x, positions, window=settings.window, sinks=settings.sinks)
+            layers.append(jax.tree.map(lambda new, old: new.astype(old.dtype), layer, cache["layers"][len(layers)]))
+        return self.logits(self.final_norm(x)), {"position": cache["position"] + length, "layers": layers}
 
     def _stream(self, tokens, cache):
         settings = self.config.ahn

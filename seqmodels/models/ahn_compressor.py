@@ -156,16 +156,20 @@ class Compressor(nnx.Module):
         """L2-normalised ``q`` and expanded, L2-normalised ``k`` and expanded ``v`` (all ``[B, T, H, Dh]``)."""
         return l2_normalize(q), l2_normalize(expand_kv_heads(k, self.heads)), expand_kv_heads(v, self.heads)
 
-    def __call__(self, x, q, k, v, *, ring, sinks) -> jax.Array:
-        """Training / full-sequence form: ``m [B, T, H, Dh]`` for every position (0 before the first eviction)."""
+    def __call__(self, x, q, k, v, *, ring, sinks, return_state: bool = False):
+        """Training / full-sequence form: ``m [B, T, H, Dh]`` for every position (0 before the first eviction);
+        with ``return_state`` (one device, a prefill) also the state after the row's evicted tokens, float32
+        ``[B, H, Dh, Dh]``: the state ``step`` holds after the same tokens."""
         strength, log_decay = self.write_gates(x)
         k, v = (evicted_stream(a, ring, sinks, KEYS) for a in (k, v))  # raw: the halo moves Hkv heads, not H
         strength, log_decay = (evicted_stream(a, ring, sinks, GATES) for a in (strength, log_decay))
         q, k, v = self.features(q, k, v)
         if sequence_is_split(x.shape[1]):
+            if return_state:
+                raise ValueError("the compressor's final state is a prefill's, which runs on one device")
             return self.read_out(self.split_recurrence(q, k, v, strength, log_decay), x)
-        o, _ = self.recurrence(q, k, v, strength, log_decay)
-        return self.read_out(o, x)
+        o, state = self.recurrence(q, k, v, strength, log_decay)
+        return (self.read_out(o, x), state.astype(jnp.float32)) if return_state else self.read_out(o, x)
 
     def step(self, x, q, evicted: dict, state) -> tuple[jax.Array, jax.Array]:
         """Decoding form for one token: write the evicted token (``evicted``: its raw ``k, v [B, 1, Hkv, Dh]``

@@ -177,3 +177,36 @@ def test_rematerialised_student_layers_give_the_same_loss_and_gradients(small_ba
     assert compressor and all(np.any(leaf != 0) for leaf in compressor)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6 * np.max(np.abs(b))),
                  remat_grads, grads)
+
+
+@pytest.mark.parametrize("window,sinks,length", [(12, 3, 45), (9, 0, 7), (12, 3, 14)])
+def test_slot_positions_are_what_decoding_token_by_token_leaves(window, sinks, length):
+    from seqmodels.models.ahn import slot_positions
+    ring, held = window - sinks, np.full(window, -1)
+    for position in range(length):
+        held[position if position < sinks else sinks + (position - sinks) % ring] = position
+    np.testing.assert_array_equal(slot_positions(length, window, sinks), held)
+
+
+@pytest.mark.parametrize("name", [name if name == "gated_deltanet" else pytest.param(name, marks=pytest.mark.slow)
+                                  for name in COMPRESSOR_NAMES])  # one rule in the fast tier: each compiles twice
+def test_parallel_prefill_leaves_the_cache_of_the_token_by_token_stream(tiny_base, name):
+    """A prompt into a fresh cache runs as one pass: its logits and cache equal stepping the prompt token by
+    token (45 tokens: past three windows, not a multiple of the chunk), and decoding on from it agrees."""
+    directory, base_config, _ = tiny_base
+    window, sinks = 12, 3
+    model, _ = ahn_model(directory, base_config, compressor=name, window=window, sinks=sinks, random_readout=0.5)
+    row = tokens(2, 48, seed=5)
+    prefill_logits, prefilled = model(row[:, :45], cache=model.init_cache(2, 48))
+    stream_logits, streamed = model._stream(row[:, :45], model.init_cache(2, 48))
+    # float32: the chunked recurrence against the per-token step, the masked attention against the ring's
+    np.testing.assert_allclose(np.asarray(prefill_logits), np.asarray(stream_logits), rtol=2e-4, atol=2e-4)
+    assert int(prefilled["position"]) == int(streamed["position"]) == 45
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-4, atol=2e-4),
+                 prefilled["layers"], streamed["layers"])
+    # three more tokens through each cache (the multi-token call on a used cache steps through it)
+    after_prefill, _ = model(row[:, 45:], cache=prefilled)
+    after_stream, _ = model(row[:, 45:], cache=streamed)
+    np.testing.assert_allclose(np.asarray(after_prefill), np.asarray(after_stream), rtol=2e-4, atol=2e-4)
+    full, _ = model(row)
+    np.testing.assert_allclose(np.asarray(after_prefill), np.asarray(full[:, 45:]), rtol=2e-4, atol=2e-4)
