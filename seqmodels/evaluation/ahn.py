@@ -5,7 +5,10 @@ set: the teacher (full attention), ``swa`` (sliding window + sinks, compressors 
 
 - ``loss``: next-token cross-entropy (nats) on held-out rows of ``T = m W`` tokens (``m`` in
   ``multiples``, default 2, 4, 8), averaged over positions ``>= W`` (those the window cuts), and
-  ``by_position``: the same per bucket of ``W / 2`` positions (for plots);
+  ``by_position``: the same per bucket of ``W / 2`` positions (for plots); ``interval``: each model's 95 %
+  percentile-bootstrap interval over the rows (``seqmodels.evaluation.intervals``, rows weighted by their
+  scored tokens), and ``recovered``: the share of sliding window's gap to the teacher that AHN recovers,
+  ``(swa - ahn) / (swa - teacher)``, with its interval (the same rows resampled for all three);
 - ``retrieval``: a key-value needle (`` The secret number of <key> is <value>.``) placed right after the
   sinks, then held-out text, then the query `` The secret number of <key> is``: more than ``W`` tokens
   separate needle and query, so only the teacher sees the needle; accuracy = every value token predicted
@@ -28,6 +31,7 @@ from flax import nnx
 from seqmodels.config import Config, ConfigError
 from seqmodels.data.pipeline import make_eval_batches
 from seqmodels.data.tokenizers import get_tokenizer
+from seqmodels.evaluation.intervals import bootstrap_interval, ratio_interval
 from seqmodels.models import build_model, model_kind
 from seqmodels.models.ahn import ahn_flops_per_token
 from seqmodels.models.lm import lm_flops_per_token
@@ -59,7 +63,7 @@ def check_window(config: Config, window: int, lengths) -> None:
 
 def loss_beyond_window(model, config: Config, window: int, length: int, *, batch_size: int, max_batches: int):
     data = dataclasses.replace(config.data, seq_len=length)
-    sums, counts = np.zeros(len(MODES)), 0
+    row_sums, row_counts = [], []  # per held-out row: [modes] summed losses beyond the window, their count
     buckets = max(1, window // 2)
     bucket_sums = np.zeros((len(MODES), -(-length // buckets)))
     bucket_counts = np.zeros(-(-length // buckets))
@@ -68,20 +72,30 @@ def loss_beyond_window(model, config: Config, window: int, length: int, *, batch
                                           window=window, sinks=config.model.ahn.sinks))
         mask = np.asarray(batch["loss_mask"]) > 0
         beyond = mask & (np.arange(length) >= window)[None]
-        sums += (losses * beyond).sum(axis=(1, 2))
-        counts += beyond.sum()
+        row_sums += list((losses.astype(np.float64) * beyond[None]).sum(axis=2).T)
+        row_counts += list(beyond.sum(axis=1))
         index = np.arange(length) // buckets
         for b in range(bucket_counts.shape[0]):
             selected = mask & (index == b)[None]
             bucket_sums[:, b] += (losses * selected).sum(axis=(1, 2))
             bucket_counts[b] += selected.sum()
-    if counts == 0:
+    kept = [i for i, count in enumerate(row_counts) if count > 0]
+    if not kept:
         raise ValueError(f"the held-out rows of {length} tokens hold no position >= window {window}")
+    sums = np.asarray([row_sums[i] for i in kept], np.float64)
+    counts = np.asarray([row_counts[i] for i in kept], np.float64)
+    means = {mode: float(sums[:, m].sum() / counts.sum()) for m, mode in enumerate(MODES)}
     by_position = [{"positions": [b * buckets, min((b + 1) * buckets, length)],
                     **{mode: float(bucket_sums[m, b] / bucket_counts[b]) for m, mode in enumerate(MODES)}}
                    for b in range(bucket_counts.shape[0]) if bucket_counts[b]]
-    return {"length": length, "tokens": int(counts), **{mode: float(sums[m] / counts) for m, mode in enumerate(MODES)},
-            "by_position": by_position}
+    teacher, swa, ahn = (sums[:, MODES.index(mode)] for mode in MODES)
+    gap = swa - teacher
+    recovered = {"share": float((swa - ahn).sum() / gap.sum()) if gap.sum() != 0 else None,
+                 "interval": ratio_interval(swa - ahn, gap) if len(kept) > 1 and gap.sum() != 0 else None}
+    intervals = {mode: bootstrap_interval(sums[:, m] / counts, counts) if len(kept) > 1 else None
+                 for m, mode in enumerate(MODES)}
+    return {"length": length, "tokens": int(counts.sum()), "rows": len(kept), **means, "interval": intervals,
+            "recovered": recovered, "by_position": by_position}
 
 
 def _filler_rows(config: Config, length: int, count: int) -> list[list[int]]:
@@ -160,12 +174,27 @@ def evaluate_ahn(model, config: Config, *, window: int | None = None, multiples=
             "cost": cost(model, config, window)}
 
 
+def _with_interval(value: float, interval: dict | None, digits: int) -> str:
+    if interval is None:
+        return f"{value:.{digits}f}"
+    return f"{value:.{digits}f} [{interval['low']:.{digits}f}, {interval['high']:.{digits}f}]"
+
+
+def _recovered(recovered: dict | None) -> str:
+    if not recovered or recovered["share"] is None:
+        return "n/a (no gap)"
+    return _with_interval(100 * recovered["share"], None if recovered["interval"] is None else
+                          {k: 100 * recovered["interval"][k] for k in ("low", "high")}, 1) + " %"
+
+
 def markdown_table(result: dict) -> str:
     """The suite's result as markdown: loss beyond the window per length, retrieval, cost."""
     lines = [f"AHN ({result['compressor']}), window {result['window']} with {result['sinks']} sinks", "",
-             "| T | tokens scored | teacher (full) | sliding window | AHN |", "|---|---|---|---|---|"]
-    lines += [f"| {row['length']} | {row['tokens']} | {row['teacher']:.4f} | {row['swa']:.4f} | {row['ahn']:.4f} |"
-              for row in result["loss"]]
+             "| T | rows | tokens scored | teacher (full) | sliding window | AHN | gap recovered |",
+             "|---|---|---|---|---|---|---|"]
+    lines += [f"| {row['length']} | {row.get('rows', '')} | {row['tokens']} | "
+              + " | ".join(_with_interval(row[mode], row.get("interval", {}).get(mode), 4) for mode in MODES)
+              + f" | {_recovered(row.get('recovered'))} |" for row in result["loss"]]
     found = result["retrieval"]
     lines += ["", f"Needle retrieval ({found['examples']} needles, > window tokens before the query): "
               f"teacher {found['teacher']:.2f}, sliding window {found['swa']:.2f}, AHN {found['ahn']:.2f}", "",

@@ -112,11 +112,18 @@ def test_train_distils_an_ahn_model_from_a_base_directory_resumes_and_exports(tm
     import eval as eval_entry  # the entry point, on the trained run
     out = tmp_path / "eval.json"
     assert eval_entry.main(["--run", str(tmp_path / "run"), "--suites", "ahn", "--ahn-window", "80",
-                            "--ahn-multiples", "2,3", "--max-batches", "1", "--batch-size", "1", "--needles", "2",
+                            "--ahn-multiples", "2,3", "--max-batches", "2", "--batch-size", "1", "--needles", "2",
                             "--out", str(out)]) == 0
     result = json.loads(out.read_text())["ahn"]
     assert [row["length"] for row in result["loss"]] == [160, 240]
     assert all(row["teacher"] > 0 and row["swa"] > 0 and row["ahn"] > 0 for row in result["loss"])
+    for row in result["loss"]:  # two rows each: an interval per model around its mean, and the recovered share
+        assert row["rows"] == 2
+        assert all(row["interval"][mode]["low"] <= row[mode] <= row["interval"][mode]["high"]
+                   for mode in ("teacher", "swa", "ahn"))
+        share = (row["swa"] - row["ahn"]) / (row["swa"] - row["teacher"])
+        assert row["recovered"]["share"] == pytest.approx(share, rel=1e-6)
+        assert row["recovered"]["interval"]["units"] == 2
     assert "| 160 |" in out.with_name("eval_ahn.md").read_text()
     assert eval_entry.main(["--run", str(tmp_path / "run"), "--suites", "ahn", "--ahn-window", "200",
                             "--out", str(tmp_path / "bad.json")]) == 2  # 2 x 200 > model.max_seq_len
