@@ -64,10 +64,10 @@ def plot(steps: list[dict], blocks: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
     figure, axis = plt.subplots(figsize=(7, 4))
     axis.plot([s["step"] for s in steps], [s["loss"] for s in steps], ".", alpha=0.5, label="one step (one row)")
-    axis.step([b["last_step"] for b in blocks], [b["kl"] for b in blocks], where="post", linewidth=2,
-              label="block mean (token-weighted)")
+    axis.hlines([b["kl"] for b in blocks], [b["first_step"] - 0.5 for b in blocks],
+                [b["last_step"] + 0.5 for b in blocks], colors="C1", linewidth=2, label="block mean (token-weighted)")
     axis.set_xlabel("step")
-    axis.set_ylabel("KL(teacher || student) beyond the window, nats / token")
+    axis.set_ylabel("KL beyond the window (nats / token)")
     axis.set_yscale("log")
     axis.legend()
     figure.tight_layout()
