@@ -9,6 +9,9 @@ import train as train_entry
 from conftest import tiny_overrides, write_corpus
 
 
+pytestmark = pytest.mark.xdist_group("ruler")  # one worker builds the module's trained run once
+
+
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("ruler")

@@ -11,6 +11,9 @@ from conftest import tiny_overrides, write_corpus
 from reliability_helpers import logged_steps, one_paragraph_error, snapshot
 
 
+pytestmark = pytest.mark.xdist_group("resume_settings")  # one worker builds the module's trained run once
+
+
 @pytest.fixture(scope="module")
 def stopped(tmp_path_factory):
     root = tmp_path_factory.mktemp("settings")
