@@ -99,6 +99,12 @@ def tiny_overrides(run_dir, corpus_glob, **extra):
 # 2026-12-05: nine more of 9-18 s (the fast tier took 347-391 s on a clean clone); the state-passing test keeps
 # its linear_scan case in the fast tier in place of the delta rule's.
 MEASURED_SLOW = frozenset({
+    # 10-12 s each in a fast tier of 401 s (2026-12-05), each with a sibling case left in the fast tier
+    "tests/pallas_kernels/test_atlas_memory.py::test_memory_norm_is_layer_norm_of_the_branch_with_gain_plus_residual_and_its_closed_form_gradient[True]",
+    "tests/pallas_kernels/test_atlas_memory.py::test_running_window_sum_equals_the_banded_sum[6]",
+    "tests/seqmodels/hf/torch/test_chunked_forms.py::test_atlas_chunked_gives_the_recurrent_logits_and_parameter_gradients[linear_memory_norm]",
+    "tests/seqmodels/hf/torch/test_chunked_forms.py::test_atlas_chunked_gives_the_recurrent_logits_and_parameter_gradients[omeganet]",
+    "tests/seqmodels/layers/test_context.py::test_split_attention_equals_the_whole_row_and_moves_only_what_its_form_needs[12-0-gather-moved7]",
     "tests/benchmarks/test_recurrent_benchmarks.py::test_train_step_benchmark_runs_one_tiny_case_through_the_pallas_path",
     "tests/pallas_kernels/test_atlas_memory.py::test_a_row_split_at_a_chunk_boundary_continues_from_the_first_parts_state[linear-p1-c6-b4-k0-reference]",
     "tests/pallas_kernels/test_atlas_memory.py::test_bf16_newton_schulz_matches_the_reference_in_bf16[linear-p2-c2-b4-k5-update]",

@@ -22,6 +22,9 @@ from seqmodels.config_io import load_config
 from seqmodels.training.metrics import MetricsLogger
 
 
+pytestmark = pytest.mark.xdist_group("clean_errors")  # one worker builds the module's trained run once
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("errors")
