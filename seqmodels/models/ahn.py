@@ -103,15 +103,18 @@ class AHNBlock(nnx.Module):
                                                    context_layout=self.mixer.context_layout))
         return self._finish(x, attend(q, k, v))
 
+    def _window_attention(self, q, k, v, positions, *, ring, sinks):
+        """Attention over the row's sinks and the last ``ring`` tokens (split over ``context`` when it is)."""
+        if sequence_is_split(q.shape[1]):
+            return split_attention(q, k, v, None, positions, window=ring, num_sinks=sinks, causal=True)
+        ones = jnp.ones(positions.shape, jnp.int32)
+        return attend(q, k, v, visibility_mask(ones, positions, ones, positions, window=ring, num_sinks=sinks))
+
     def windowed(self, x, positions, *, ring, sinks, compress: bool = True):
         """The student (``compress``) or sliding window + sinks alone; ``ring``/``sinks`` may be traced."""
         h = self.mixer_norm(x)
         q, k, v, _ = self.mixer._project(h, positions)
-        if sequence_is_split(x.shape[1]):
-            heads = split_attention(q, k, v, None, positions, window=ring, num_sinks=sinks, causal=True)
-        else:
-            ones = jnp.ones(positions.shape, jnp.int32)
-            heads = attend(q, k, v, visibility_mask(ones, positions, ones, positions, window=ring, num_sinks=sinks))
+        heads = self._window_attention(q, k, v, positions, ring=ring, sinks=sinks)
         if compress:
             heads = heads + self.ahn(h, q, k, v, ring=ring, sinks=sinks).astype(heads.dtype)
         return self._finish(x, heads)
@@ -123,8 +126,7 @@ class AHNBlock(nnx.Module):
         ring, (batch, length) = window - sinks, x.shape[:2]
         h = self.mixer_norm(x)
         q, k, v, _ = self.mixer._project(h, positions)
-        ones = jnp.ones(positions.shape, jnp.int32)
-        heads = attend(q, k, v, visibility_mask(ones, positions, ones, positions, window=ring, num_sinks=sinks))
+        heads = self._window_attention(q, k, v, positions, ring=ring, sinks=sinks)
         memory, state = self.ahn(h, q, k, v, ring=ring, sinks=sinks, return_state=True)
         strength, log_decay = self.ahn.write_gates(h)
         held = jnp.asarray(slot_positions(length, window, sinks))  # [window]: the position each slot holds, or -1
@@ -135,8 +137,7 @@ class AHNBlock(nnx.Module):
             kept = jnp.take(values, take, axis=1)
             return jnp.where(written.reshape((1, window) + (1,) * (values.ndim - 2)), kept, fill)
 
-        cache = self.init_cache(batch, window, x.dtype)
-        cache = {"k": slots(k.astype(cache["k"].dtype), 0), "v": slots(v.astype(cache["v"].dtype), 0),
+        cache = {"k": slots(k.astype(x.dtype), 0), "v": slots(v.astype(x.dtype), 0),  # init_cache's dtypes
                  "strength": slots(strength, 0.0), "log_decay": slots(log_decay, 0.0),
                  "positions": jnp.broadcast_to(held.astype(jnp.int32), (batch, window)), "state": state}
         return self._finish(x, heads + memory.astype(heads.dtype)), cache
@@ -191,12 +192,16 @@ class AHNModel(nnx.Module):
         self.head = None if config.tie_embeddings else param(
             rngs, (config.d_model, config.vocab_size), ("embed", "vocab"), std=config.init_std)
 
+    def _embed(self, tokens):
+        """``(x [B, T, D], positions [B, T])`` of a row read from position 0."""
+        batch, length = tokens.shape
+        positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
+        return jnp.take(self.embed.get_value(), tokens, axis=0).astype(jnp.dtype(self.config.compute_dtype)), positions
+
     def hidden(self, tokens, *, window=None, sinks=0, compress: bool = True):
         """Final-normed hidden states ``[B, T, D]``: the teacher (``window=None``), the student, or (``compress=
         False``) sliding window + sinks alone. ``window``/``sinks`` may be traced integers."""
-        batch, length = tokens.shape
-        positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
-        x = jnp.take(self.embed.get_value(), tokens, axis=0).astype(jnp.dtype(self.config.compute_dtype))
+        x, positions = self._embed(tokens)
         remat = window is not None and self.config.remat != "none"
         for block in self.blocks:
             if window is None:
@@ -229,14 +234,13 @@ class AHNModel(nnx.Module):
 
     def _prefill(self, tokens, cache):
         """The student's forward over ``tokens`` from position 0 and the cache it leaves (``AHNBlock.prefill``)."""
-        settings, (batch, length) = self.config.ahn, tokens.shape
-        positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
-        x = jnp.take(self.embed.get_value(), tokens, axis=0).astype(jnp.dtype(self.config.compute_dtype))
+        settings = self.config.ahn
+        x, positions = self._embed(tokens)
         layers = []
         for block in self.blocks:
             x, layer = block.prefill(x, positions, window=settings.window, sinks=settings.sinks)
-            layers.append(jax.tree.map(lambda new, old: new.astype(old.dtype), layer, cache["layers"][len(layers)]))
-        return self.logits(self.final_norm(x)), {"position": cache["position"] + length, "layers": layers}
+            layers.append(layer)
+        return self.logits(self.final_norm(x)), {"position": cache["position"] + tokens.shape[1], "layers": layers}
 
     def _stream(self, tokens, cache):
         settings = self.config.ahn
