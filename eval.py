@@ -12,7 +12,8 @@ markdown table beside ``--out`` as ``<stem>_ahn.md``) and ``ruler`` (RULER's syn
 ``--ruler-tasks`` at the prompt lengths ``--lengths`` in the run's tokens, capped at ``model.max_seq_len``,
 ``--ruler-examples`` per needle depth of ``--ruler-depths``, from ``--ruler-seed``; greedy decoding scored
 by RULER's string match, with 95 % bootstrap intervals; a task x length table beside ``--out`` as
-``<stem>_ruler.md`` and a depth x length heatmap per task as ``<stem>_ruler_<task>.png``).
+``<stem>_ruler.md`` and a depth x length heatmap per task as ``<stem>_ruler_<task>.png``; on an AHN run
+``--ahn-mode swa`` or ``teacher`` decodes its sliding-window or full-attention baseline from the same weights).
 The perplexity suite reads the held-out sample of ``data.heldout_seed`` (``seqmodels.data.heldout_sample``)
 and gives a 95 % bootstrap interval over its documents.
 Writes JSON to ``--out`` (default ``<run>/eval.json``) and prints it.
@@ -55,11 +56,21 @@ def _ahn(model, config, args) -> dict:
 
 def _ruler(model, config, args) -> dict:
     from seqmodels.evaluation.ruler import evaluate_ruler
+    if config.model.kind == "ahn":
+        from seqmodels.models.ahn import with_mode
+        model = with_mode(model, args.ahn_mode, max(args.lengths_list))
+
+    def report(task, length, cell, seconds):
+        print(f"ruler: {task} at {length} tokens: {cell['score']:.2f} over {cell['examples']} examples "
+              f"({seconds:.0f} s)", file=sys.stderr, flush=True)
+
     result = evaluate_ruler(model, config, tasks=args.ruler_tasks_list, lengths=args.lengths_list,
                             depths=args.ruler_depths_list, per_depth=args.ruler_examples, seed=args.ruler_seed,
-                            batch_size=args.batch_size)
+                            batch_size=args.batch_size, on_cell=report)
     for length, why in result["skipped_lengths"].items():
         print(f"ruler: length {length} left out: {why}", file=sys.stderr)
+    if config.model.kind == "ahn":
+        result["ahn_mode"] = args.ahn_mode
     return {"ruler": result}
 
 
@@ -83,6 +94,9 @@ def parse_args(argv):
     parser.add_argument("--ahn-window", type=int, help="ahn: the window to evaluate (default: model.ahn.window)")
     parser.add_argument("--ahn-multiples", default="2,4,8", help="ahn: evaluation lengths as multiples of the window")
     parser.add_argument("--needles", type=int, default=16, help="ahn: needle retrieval examples")
+    parser.add_argument("--ahn-mode", default="ahn", choices=("ahn", "swa", "teacher"),
+                        help="ruler on an AHN run: decode as AHN, as sliding window + sinks alone (compressors "
+                             "off) or as the teacher (full attention); seqmodels.models.ahn.with_mode")
     parser.add_argument("--ruler-tasks", default="all", help="ruler: comma-separated tasks, or all (see "
                                                                   "seqmodels.data.ruler_tasks.TASKS)")
     parser.add_argument("--ruler-depths", default="0,0.25,0.5,0.75,1", help="ruler: needle depths (fractions)")
@@ -175,6 +189,13 @@ def check_suites_fit(suites, config, run_dir) -> None:
                               f"{usable or 'another suite'} ({run_dir})")
 
 
+def check_ahn_mode(args, config) -> None:
+    """``ConfigError`` when ``--ahn-mode`` asks a run that is not AHN for a baseline it does not have."""
+    if args.ahn_mode != "ahn" and config.model.kind != "ahn":
+        raise ConfigError(f"--ahn-mode {args.ahn_mode} needs an AHN run (model.kind=ahn); this run is "
+                          f"model.kind={config.model.kind}: leave --ahn-mode out")
+
+
 def check_out(out: Path) -> None:
     """``ConfigError`` when ``--out`` can never be written (a directory): said before any suite runs."""
     if out.is_dir():
@@ -235,6 +256,7 @@ def _main(argv) -> int:
         check_out(out)
         config, model, step = load_run(run_dir, step=args.step)
         check_suites_fit(suites, config, run_dir)
+        check_ahn_mode(args, config)
         results = {"run": str(run_dir), "step": step}
         for name, run in SUITES.items():
             if name in suites:

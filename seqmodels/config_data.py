@@ -90,7 +90,8 @@ class DataConfig:
 
     source: str = describe("a source registered in seqmodels.data.sources: stdlib (Python's own source files, on"
                            " every machine) | text_files | arrayrecord | jsonl | parquet | mqar | selective_copy (generated,"
-                           " data.synthetic) | needle (generated needle-in-a-haystack rows, data.needle_*) | cfl"
+                           " data.synthetic) | needle (generated needle-in-a-haystack rows, data.needle_*) | ruler (RULER's tasks,"
+                           " data.ruler_tasks) | cfl"
                            " (context-free languages, data.cfl)", "stdlib")
     path: str = describe("glob of text files (text_files), ArrayRecord shards (arrayrecord), JSON-lines files (jsonl) "
                          "or Parquet files (parquet)", "")
@@ -110,6 +111,9 @@ class DataConfig:
     needle_key_length: int = describe("needle: digits of the key of the needle (and of the query)", 2)
     needle_value_length: int = describe("needle: digits of the value to retrieve (the scored answer)", 2)
     needle_distractors: int = describe("needle: other key-value pairs hidden in the haystack", 0)
+    ruler_tasks: tuple[str, ...] = describe(
+        "ruler: the RULER tasks of the training rows (seqmodels.data.ruler_tasks.TASKS), one per row in turn",
+        ("niah_single_1",))
     cfl: CflDataConfig = describe("context-free-language recognition data (data.source = cfl)",
                                   factory=CflDataConfig)
 

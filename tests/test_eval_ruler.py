@@ -27,7 +27,9 @@ def test_eval_ruler_writes_scores_a_table_and_heatmaps_and_leaves_out_lengths_be
     assert eval_entry.main(["--run", str(trained_run), "--suites", "ruler", "--lengths", "512,1024",
                             "--ruler-tasks", "niah_single_1,fwe", "--ruler-depths", "0,1", "--ruler-examples", "1",
                             "--batch-size", "2", "--out", str(out)]) == 0
-    assert "ruler: length 1024 left out: exceeds model.max_seq_len=512" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "ruler: length 1024 left out: exceeds model.max_seq_len=512" in err
+    assert "ruler: niah_single_1 at 512 tokens: " in err and "ruler: fwe at 512 tokens: " in err  # progress per cell
     ruler = json.loads(out.read_text())["ruler"]
     assert ruler["lengths"] == [512] and set(ruler["tasks"]) == {"niah_single_1", "fwe"}
     needle = ruler["tasks"]["niah_single_1"]["by_length"]["512"]
@@ -44,6 +46,7 @@ def test_eval_ruler_writes_scores_a_table_and_heatmaps_and_leaves_out_lengths_be
     (["--ruler-tasks", "niah_single_9"], "unknown or no task(s) ['niah_single_9']"),
     (["--ruler-depths", "0,2"], "every depth must be in [0, 1]"),
     (["--lengths", "4096"], "every length exceeds model.max_seq_len=512"),
+    (["--ahn-mode", "teacher"], "--ahn-mode teacher needs an AHN run (model.kind=ahn)"),
 ])
 def test_bad_ruler_flags_are_one_line_errors(trained_run, capsys, flags, message):
     out = trained_run / "bad" / "eval.json"

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import time
 from collections import defaultdict
 
 import numpy as np
@@ -121,8 +122,9 @@ def check_ruler_settings(tasks, lengths, depths, per_depth: int, max_seq_len: in
 
 
 def evaluate_ruler(model, config, *, tasks=TASKS, lengths, depths=(0.0, 0.25, 0.5, 0.75, 1.0), per_depth: int = 4,
-                   seed: int = 42, batch_size: int = 8) -> dict:
-    """Every task at every length (module docstring); JSON-ready."""
+                   seed: int = 42, batch_size: int = 8, on_cell=None) -> dict:
+    """Every task at every length (module docstring); JSON-ready. ``on_cell(task, length, cell, seconds)``, when
+    given, is called after each cell (a progress report: a long length takes minutes per cell on a CPU)."""
     max_seq_len = model.config.max_seq_len
     fitting = check_ruler_settings(tasks, lengths, depths, per_depth, max_seq_len)
     tokenizer = get_tokenizer(config.data.tokenizer)
@@ -141,7 +143,10 @@ def evaluate_ruler(model, config, *, tasks=TASKS, lengths, depths=(0.0, 0.25, 0.
             except ValueError as error:
                 cells[str(length)] = {"skipped": str(error)}
                 continue
+            start = time.perf_counter()
             cells[str(length)] = evaluate_cell(model, tokenizer, examples, batch_size=batch_size, seed=seed)
+            if on_cell is not None:
+                on_cell(task, length, cells[str(length)], time.perf_counter() - start)
         results[task] = {"metric": METRICS[task].__name__, "has_depth": task in DEPTH_TASKS, "by_length": cells}
     return {"tasks": results, "lengths": fitting, "depths": [float(d) for d in depths], "per_depth": per_depth,
             "seed": seed, "skipped_lengths": {str(n): f"exceeds model.max_seq_len={max_seq_len}"

@@ -39,6 +39,8 @@ scan step per token; more tokens after earlier ones step through the cache.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -58,6 +60,7 @@ from seqmodels.models.ahn_loss import chunked_kl, window_choices
 from seqmodels.sharding import sequence_shards
 
 TRAINABLE_SUBTREE = "ahn"
+MODES = ("ahn", "swa", "teacher")  # what an AHN run decodes as (``with_mode``)
 
 
 def trainable_path(path) -> bool:
@@ -294,6 +297,32 @@ class AHNModel(nnx.Module):
 
     def flops_per_token(self, seq_len: int) -> float:
         return ahn_flops_per_token(self.config, seq_len)
+
+
+def with_mode(model: AHNModel, mode: str, length: int) -> AHNModel:
+    """A copy of ``model`` that decodes (``generate``) and runs its forward as ``mode``, from the same weights:
+
+    - ``ahn``: the model itself;
+    - ``swa``: sliding window + sinks alone, the same window and sinks, every compressor's ``readout`` zeroed, so
+      its memory term is exactly 0;
+    - ``teacher``: full causal attention over up to ``length`` tokens: a window of ``length`` and no sinks, so no
+      token is ever evicted, every compressor's state stays 0 and its read-out adds exactly 0.
+
+    The copy holds its own parameters (the model is not changed)."""
+    if mode not in MODES:
+        raise ValueError(f"AHN mode {mode!r}: choose from {', '.join(MODES)}")
+    if mode == "ahn":
+        return model
+    if length < 2:
+        raise ValueError(f"length must be >= 2 (the longest row the teacher reads), got {length}")
+    copy = nnx.clone(model)
+    if mode == "swa":
+        for block in copy.blocks:
+            block.ahn.readout.set_value(jnp.zeros_like(block.ahn.readout.get_value()))
+    else:
+        settings = dataclasses.replace(model.config.ahn, window=length, sinks=0, random_window=False)
+        copy.config = dataclasses.replace(model.config, ahn=settings)
+    return copy
 
 
 def ahn_flops_per_token(config: ModelConfig, seq_len: int, *, window: int | None = None,

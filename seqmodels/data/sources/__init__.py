@@ -10,6 +10,7 @@ lookup, a listing, or a registration from outside), so a new source is one new m
     token_ids.py       token_ids                         (ArrayRecord shards of token ids, prepare --tokenizer)
     recall.py          mqar, selective_copy              (generated recall examples, data.synthetic)
     needle.py          needle                            (a needle in generated filler text)
+    ruler.py           ruler                             (RULER's tasks, data.ruler_tasks)
     cfl.py             cfl                               (context-free-language recognition, seqmodels.data.cfl)
 
 Every batch, training or evaluation, is ``{inputs, targets, segment_ids, positions: int32, loss_mask:

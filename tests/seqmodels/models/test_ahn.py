@@ -210,3 +210,43 @@ def test_parallel_prefill_leaves_the_cache_of_the_token_by_token_stream(tiny_bas
     np.testing.assert_allclose(np.asarray(after_prefill), np.asarray(after_stream), rtol=2e-4, atol=2e-4)
     full, _ = model(row)
     np.testing.assert_allclose(np.asarray(after_prefill), np.asarray(full[:, 45:]), rtol=2e-4, atol=2e-4)
+
+
+def test_with_mode_copies_the_model_with_zero_read_outs_or_a_window_of_the_whole_row(tiny_base):
+    from seqmodels.models.ahn import with_mode
+    directory, base_config, _ = tiny_base
+    model, _ = ahn_model(directory, base_config, compressor="gated_deltanet", window=12, sinks=3, random_readout=0.5)
+    swa, teacher = with_mode(model, "swa", 40), with_mode(model, "teacher", 40)
+    assert all(not np.any(np.asarray(block.ahn.readout.get_value())) for block in swa.blocks)
+    assert all(np.any(np.asarray(block.ahn.readout.get_value())) for block in model.blocks)  # the model is kept
+    assert (swa.config.ahn.window, swa.config.ahn.sinks) == (12, 3) == (model.config.ahn.window, model.config.ahn.sinks)
+    assert (teacher.config.ahn.window, teacher.config.ahn.sinks) == (40, 0)
+    assert with_mode(model, "ahn", 40) is model
+    with pytest.raises(ValueError, match="choose from ahn, swa, teacher"):
+        with_mode(model, "full", 40)
+    with pytest.raises(ValueError, match="length must be >= 2"):
+        with_mode(model, "teacher", 1)
+
+
+@pytest.mark.slow  # 25 s: three forwards, the prefill and the token scan compile
+def test_with_mode_gives_the_sliding_window_and_the_teacher_from_the_same_weights(tiny_base):
+    """``swa``: the compressors add nothing (the student at compress=False); ``teacher``: full attention, in the
+    forward and through the decoding cache (prefill, then steps)."""
+    from seqmodels.models.ahn import with_mode
+    directory, base_config, _ = tiny_base
+    window, sinks = 12, 3
+    model, _ = ahn_model(directory, base_config, compressor="gated_deltanet", window=window, sinks=sinks,
+                         random_readout=0.5)
+    row = tokens(2, 40, seed=3)
+    student, _ = model(row)
+    swa_logits = model.logits(model.hidden(row, window=window, sinks=sinks, compress=False))
+    teacher_logits = model.logits(model.hidden(row))
+    np.testing.assert_allclose(np.asarray(with_mode(model, "swa", 40)(row)[0]), np.asarray(swa_logits),
+                               rtol=1e-5, atol=1e-5)
+    teacher = with_mode(model, "teacher", 40)
+    np.testing.assert_allclose(np.asarray(teacher(row)[0]), np.asarray(teacher_logits), rtol=1e-5, atol=1e-5)
+    assert np.abs(np.asarray(swa_logits - student)).max() > 1e-2  # the read-outs were random: the modes differ
+    prefilled, cache = teacher(row[:, :30], cache=teacher.init_cache(2, 40))
+    stepped, _ = teacher(row[:, 30:], cache=cache)
+    np.testing.assert_allclose(np.asarray(jnp.concatenate([prefilled, stepped], axis=1)),
+                               np.asarray(teacher_logits), rtol=2e-4, atol=2e-4)
