@@ -297,3 +297,45 @@ def recall_eta() -> str:
                      f"{result['answer_loss']:.2f}", f"{result['train_seconds']:.0f}", wall])
     return compact_table(["eta_range", "T=64, 4 pairs", "final train loss", "held-out answer loss", "train s", "wall s"],
                     rows, 1)
+
+
+AHN_RULER = "experiments/ahn/results/paper"
+AHN_RULER_MODES = {"teacher": "full attention", "swa": "sliding window + sinks", "ahn": "AHN GDN"}
+
+
+def ahn_ruler() -> str:
+    """experiments/ahn/results/paper/ruler_<mode>.json (``eval.py --suites ruler --ahn-mode <mode>``): per task and
+    length, each mode's score with its 95 % interval over the prompts, and its score at each needle depth."""
+    runs = {mode: load_json(f"{AHN_RULER}/ruler_{mode}.json")["ruler"] for mode in AHN_RULER_MODES}
+    first = runs["teacher"]
+    depths = " / ".join(f"{d:g}" for d in first["depths"])
+    header = ["task", "T", *(f"{label} (by depth {depths})" for label in AHN_RULER_MODES.values())]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for task in first["tasks"]:
+        for length in map(str, first["lengths"]):
+            cells = []
+            for mode, ruler in runs.items():
+                assert ruler["lengths"] == first["lengths"] and ruler["depths"] == first["depths"], mode
+                cell = ruler["tasks"][task]["by_length"][length]
+                by_depth = " / ".join(f"{cell['by_depth'][str(float(d))]:g}" for d in first["depths"])
+                cells.append(f"{cell['score']:.2f} [{cell['interval']['low']:.2f}, {cell['interval']['high']:.2f}] "
+                             f"({by_depth})")
+            lines.append(f"| {task} | {int(length):,} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+RULER_SWEEP = "experiments/ruler/results/ruler/results.json"
+
+
+def ruler_sweep() -> str:
+    """experiments/ruler/results/ruler/results.json (the sweep's report): the score table of
+    ``experiments/ruler/run.py`` (per variant, task and length), as that script writes it to ``results/ruler.md``."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "experiments" / "ruler" / "run.py"
+    spec = importlib.util.spec_from_file_location("experiments_ruler_run", path)
+    run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run)
+    results = load_json(RULER_SWEEP)
+    return "\n".join(line for line in run.markdown(results, run.train_length(results)).splitlines()
+                     if line.startswith("|"))

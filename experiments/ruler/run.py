@@ -1,0 +1,137 @@
+"""RULER over the memory sweep's models: each architecture trained on RULER's own format, scored at 1x-4x its length.
+
+    python -m seqmodels.data.builders.corpora debdocs --out data/debdocs
+    python -m seqmodels.data.builders.tokenizer train --input data/debdocs --vocab-size 16384 --out tokenizers/debdocs-16k
+    OPENBLAS_NUM_THREADS=1 python experiments/ruler/run.py --jobs 2          # trains, evaluates, reports
+    python experiments/ruler/run.py --report-only                            # the report from the runs left
+
+The runs are ``ablate.py --sweep configs/sweeps/ruler.yaml`` (the sweep file says what each variant is and why):
+every variant trains under ``runs/sweeps/ruler/`` and its ``ruler`` evaluation (``seqmodels.evaluation.ruler``)
+is written with the sweep's report under ``experiments/ruler/results/ruler/`` (``results.json``, ``table.md``).
+Then this script reads that ``results.json`` and writes, beside it in ``experiments/ruler/results/``:
+
+- ``ruler.md``: score per variant, task and length (mean over the variant's seeds; with one seed, the cell's
+  95 % bootstrap interval over its examples), the lengths as multiples of the training length;
+- ``score_by_length.png``: one panel per task, score against length, a line per variant.
+
+``--jobs``, ``--only`` and ``--report-only`` pass through to ``ablate.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # the delta-rule chunk forms call LAPACK (experiments/recall)
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = Path(__file__).resolve().parent / "results"
+SWEEP = "configs/sweeps/ruler.yaml"
+
+
+def variant_scores(variant: dict) -> dict:
+    """``{task: {length: {"score", "low", "high", "seeds"}}}`` of a variant's evaluated runs (mean over seeds;
+    the interval is the cell's own when one seed was evaluated, else the range of the seeds' scores)."""
+    evaluated = [run["eval"]["ruler"] for run in variant["runs"] if "ruler" in run.get("eval", {})]
+    scores = {}
+    for ruler in evaluated:
+        for task, entry in ruler["tasks"].items():
+            for length, cell in entry["by_length"].items():
+                if "score" in cell:
+                    scores.setdefault(task, {}).setdefault(int(length), []).append(cell)
+    table = {}
+    for task, by_length in scores.items():
+        table[task] = {}
+        for length, cells in sorted(by_length.items()):
+            values = [c["score"] for c in cells]
+            low, high = ((cells[0]["interval"]["low"], cells[0]["interval"]["high"]) if len(cells) == 1
+                         else (min(values), max(values)))
+            table[task][length] = {"score": statistics.fmean(values), "low": low, "high": high, "seeds": len(cells)}
+    return table
+
+
+def train_length(results: dict) -> int:
+    """Training rows' tokens (``data.seq_len + 1``), from the first variant's overrides or the sweep's."""
+    from seqmodels.sweeps.spec import load_sweep
+    sweep = load_sweep(str(ROOT / results["file"]))
+    return sweep.variants[0].config.data.seq_len + 1
+
+
+def markdown(results: dict, length: int) -> str:
+    rows = [(v["name"], variant_scores(v)) for v in results["variants"]]
+    tasks = sorted({task for _, table in rows for task in table})
+    lengths = sorted({n for _, table in rows for by_length in table.values() for n in by_length})
+    header = ["variant", "task"] + [f"{n} ({n / length:g}x)" for n in lengths]
+    lines = ["| " + " | ".join(header) + " |", "|---|---|" + "---|" * len(lengths)]
+    for name, table in rows:
+        if not table:
+            lines.append(f"| {name} | (no evaluation) |" + " |" * len(lengths))
+            continue
+        for task in tasks:
+            cells = []
+            for n in lengths:
+                cell = table.get(task, {}).get(n)
+                cells.append("–" if cell is None else f"{cell['score']:.2f} [{cell['low']:.2f}, {cell['high']:.2f}]")
+            lines.append(f"| {name} | {task} | " + " | ".join(cells) + " |")
+    evaluation = results["eval"]["ruler"]
+    return ("\n".join(lines) + f"\n\nScore: the fraction of references in the greedy continuation (RULER's "
+            f"string_match_all), mean over the variant's evaluated seeds; [low, high]: with one seed the 95 % "
+            f"bootstrap interval over the cell's examples, else the range over seeds. {evaluation['per_depth']} "
+            f"examples per depth at depths {evaluation['depths']}, prompt seed {evaluation['seed']}; trained on rows "
+            f"of {length} tokens.\n")
+
+
+def plot(results: dict, length: int, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = [(v["name"], variant_scores(v)) for v in results["variants"]]
+    tasks = sorted({task for _, table in rows for task in table})
+    fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 3.6), squeeze=False, sharey=True)
+    styles = [(marker, line) for line in ("-", "--", ":") for marker in "os^vDx"]  # overlapping lines stay visible
+    for ax, task in zip(axes[0], tasks):
+        for (name, table), (marker, line) in zip(rows, styles * len(rows)):
+            by_length = table.get(task, {})
+            if by_length:
+                ax.plot(list(by_length), [c["score"] for c in by_length.values()], marker=marker, linestyle=line,
+                        markerfacecolor="none", label=name)
+        ax.set_xscale("log", base=2)
+        ax.axvline(length, color="grey", linestyle=":", linewidth=1)
+        ax.set_title(task)
+        ax.set_xlabel("length (tokens); dotted: training length")
+        ax.set_ylim(-0.05, 1.05)
+    axes[0][0].set_ylabel("RULER score")
+    axes[0][-1].legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--jobs", type=int, default=1, help="runs at a time (ablate.py --jobs)")
+    parser.add_argument("--only", action="append", default=[], metavar="VARIANT", help="ablate.py --only")
+    parser.add_argument("--report-only", action="store_true", help="ablate.py --report-only: run nothing")
+    args = parser.parse_args(argv)
+    sys.path.insert(0, str(ROOT))
+    import ablate
+    ablate_args = ["--sweep", SWEEP, "--jobs", str(args.jobs), "--results-dir", str(RESULTS.relative_to(ROOT))]
+    ablate_args += [flag for name in args.only for flag in ("--only", name)]
+    ablate_args += ["--report-only"] * args.report_only
+    status = ablate.main(ablate_args)
+    if status == ablate.EXIT_USAGE:
+        return status
+    results = json.loads((RESULTS / "ruler" / "results.json").read_text())
+    length = train_length(results)
+    (RESULTS / "ruler.md").write_text(markdown(results, length))
+    plot(results, length, RESULTS / "score_by_length.png")
+    print(f"ruler: wrote {RESULTS / 'ruler.md'} and {RESULTS / 'score_by_length.png'}")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
