@@ -88,34 +88,28 @@ def ruler_element(cfg: DataConfig, split: str, index: int, tokenizer=None) -> di
 
 
 @dataclasses.dataclass(frozen=True)
-class RulerRows:
-    """``split``'s rows as a random-access source for grain (index -> ``ruler_element``)."""
+class _RulerRow:
+    """Index ``i`` -> ``split``'s row ``i`` (``ruler_element``; a picklable map for grain)."""
 
     cfg: DataConfig
     split: str
-    size: int
 
-    def __len__(self) -> int:
-        return self.size
-
-    def __getitem__(self, index):
-        if not 0 <= index < self.size:
-            raise IndexError(f"row {index} outside [0, {self.size})")
+    def __call__(self, index: int) -> dict[str, np.ndarray]:
         return ruler_element(self.cfg, self.split, int(index))
 
 
 def ruler_train_dataset(cfg: DataConfig, *, batch_size: int, process_index: int = 0,
                         process_count: int = 1) -> grain.IterDataset:
     """Endless training batches of RULER rows; process ``p`` takes rows ``p, p + P, ...``."""
-    source = grain.MapDataset.source(RulerRows(cfg, "train", 2**40))
-    stream = source[process_index::process_count].to_iter_dataset(_READ_OPTIONS)
-    return pack_and_batch(stream, seq_len=cfg.seq_len, batch_size=batch_size)
+    rows = grain.MapDataset.range(0, 2**40)[process_index::process_count].map(_RulerRow(cfg, "train"))
+    return pack_and_batch(rows.to_iter_dataset(_READ_OPTIONS), seq_len=cfg.seq_len, batch_size=batch_size)
 
 
 def ruler_eval_batches(cfg: DataConfig, *, batch_size: int, max_batches: int) -> list[dict]:
     """``max_batches`` batches of held-out RULER rows (seeds disjoint from training); the same on every process."""
-    stream = grain.MapDataset.source(RulerRows(cfg, "eval", batch_size * max_batches)).to_iter_dataset(_READ_OPTIONS)
-    batches = pack_and_batch(stream, seq_len=cfg.seq_len, batch_size=batch_size, drop_remainder=False)
+    rows = grain.MapDataset.range(0, batch_size * max_batches).map(_RulerRow(cfg, "eval"))
+    batches = pack_and_batch(rows.to_iter_dataset(_READ_OPTIONS), seq_len=cfg.seq_len, batch_size=batch_size,
+                             drop_remainder=False)
     return [pad_batch(batch, batch_size) for batch in batches]
 
 
