@@ -55,10 +55,13 @@ def variant_scores(variant: dict) -> dict:
 
 
 def train_length(results: dict) -> int:
-    """Training rows' tokens (``data.seq_len + 1``), from the first variant's overrides or the sweep's."""
-    from seqmodels.sweeps.spec import load_sweep
-    sweep = load_sweep(str(ROOT / results["file"]))
-    return sweep.variants[0].config.data.seq_len + 1
+    """Training rows' tokens (``data.seq_len + 1``), from the overrides the report records (the sweep file sets
+    ``data.seq_len`` for every variant; read from the report, so no tokenizer or corpus is needed)."""
+    for variant in results["variants"]:
+        values = [o.split("=", 1)[1] for o in variant["overrides"] if o.startswith("data.seq_len=")]
+        if values:
+            return int(values[-1]) + 1
+    raise ValueError("the sweep's report records no data.seq_len override: set data.seq_len in the sweep file")
 
 
 def markdown(results: dict, length: int) -> str:

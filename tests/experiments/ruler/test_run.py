@@ -1,5 +1,7 @@
 """experiments/ruler/run.py: the score table per variant, task and length, and the score-by-length plot."""
 
+import pytest
+
 from experiments.ruler import run
 
 
@@ -15,7 +17,8 @@ def evaluation(scores):
 
 
 RESULTS = {"eval": {"ruler": {"per_depth": 2, "depths": [0, 1], "seed": 42}},
-           "variants": [{"name": "one_seed", "runs": [{"eval": evaluation([1.0, 0.2])}]},
+           "variants": [{"name": "one_seed", "overrides": ["data.seq_len=255"],
+                         "runs": [{"eval": evaluation([1.0, 0.2])}]},
                         {"name": "two_seeds", "runs": [{"eval": evaluation([0.4, 0.0])}, {"eval": evaluation([0.8, 0.5])}]},
                         {"name": "not_run", "runs": [{"status": "not run"}]}]}
 
@@ -27,6 +30,12 @@ def test_one_seed_keeps_its_interval_and_two_seeds_give_their_mean_and_range():
     two = run.variant_scores(RESULTS["variants"][1])
     assert two["niah_single_1"][256] == {"score": 0.6000000000000001, "low": 0.4, "high": 0.8, "seeds": 2}
     assert run.variant_scores(RESULTS["variants"][2]) == {}
+
+
+def test_the_training_length_is_read_from_the_recorded_overrides():
+    assert run.train_length(RESULTS) == 256
+    with pytest.raises(ValueError, match="records no data.seq_len override"):
+        run.train_length({"variants": [{"overrides": ["model.d_model=8"]}]})
 
 
 def test_the_table_has_a_row_per_variant_and_task_with_lengths_as_multiples_and_the_plot_is_written(tmp_path):
