@@ -11,10 +11,11 @@ Rows cycle through ``data.ruler_tasks`` in turn (row ``i``: task ``i mod len(tas
 depth uniformly in [0, 1] and its needles, keys and haystack from a generator seeded by ``(data.seed, i)``; a draw
 that does not fit the row (near a task's shortest length, a key that tokenizes long) is drawn again from the same
 generator, so a row stays a function of ``(data.seed, i)``. ``check_ruler`` refuses a length at which the first
-rows of a task need more than ``MAX_DRAWS`` draws. The
-essay haystack is the training split of the ``stdlib`` corpus (the ruler suite reads its held-out split), so no
-held-out sentence is trained on. Training and held-out rows use prompt seeds at or above ``2**48`` (the
-suite's default seed is 42, so no prompt the suite scores at its own seed is trained on).
+rows of a task need more than ``MAX_DRAWS`` draws.
+
+The essay haystack is the training split of the ``stdlib`` corpus (the ruler suite reads its held-out split), so
+no held-out sentence is trained on. Training and held-out rows use prompt seeds at or above ``2**48`` (the suite's
+default seed is 42, so no prompt the suite scores at its own seed is trained on).
 """
 
 from __future__ import annotations
