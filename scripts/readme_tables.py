@@ -27,9 +27,9 @@ from readme_cfl import (
 from readme_memory import (
     AHN_RULER, AHN_RULER_MODES, GRANULARITY, GRANULARITY_SEEDS, NEEDLE, NEEDLE_ABLATIONS, NEEDLE_BEFORE,
     NEEDLE_CORRECTED, NEEDLE_ETA_CURRENT, NEEDLE_ETA_SWEEP, RECALL, RECALL_ETA, RULER_SWEEP, ahn_loss, ahn_ruler,
-    memory_sweep, needle_ablations, needle_before, needle_corrected, needle_eta_current, needle_eta_sweep, needle_granularity,
-    recall_atlas, recall_atlas_corrected, recall_atlas_update, recall_eta, recall_granularity, recall_grid,
-    recall_grid_corrected, recall_ns_scope, ruler_sweep,
+    memory_sweep, needle_ablations, needle_before, needle_corrected, needle_eta_current, needle_eta_sweep,
+    needle_granularity, recall_atlas, recall_atlas_corrected, recall_atlas_update, recall_eta, recall_granularity,
+    recall_grid, recall_grid_corrected, recall_ns_scope, ruler_sweep,
 )
 import readme_format
 

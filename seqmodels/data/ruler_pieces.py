@@ -42,6 +42,17 @@ def nonce_word(rng: np.random.Generator, syllables: int = 3) -> str:
 
 
 
+def essay_from(documents, order, needed_chars: int) -> list[str]:
+    """``essay_sentences`` of ``documents`` read in ``order`` (indices) until ``needed_chars`` characters are read."""
+    texts, total = [], 0
+    for index in order:
+        texts.append(documents[int(index)])
+        total += len(texts[-1])
+        if total >= needed_chars:
+            break
+    return essay_sentences(texts)
+
+
 def essay_sentences(texts: Sequence[str]) -> list[str]:
     """Held-out text as sentences (whitespace collapsed, split after ``.!?``), each at most SENTENCE_WORDS words."""
     sentences = []

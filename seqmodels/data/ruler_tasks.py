@@ -56,8 +56,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from seqmodels.data.ruler_aggregation import cwe_build, cwe_draw, fwe_build, fwe_draw, vt_build, vt_draw
-from seqmodels.data.ruler_pieces import (NOISE, RULER_DEPTHS, TokenCache, essay_sentences,  # noqa: F401 (re-exported)
-                                         fill, frame, insert, nonce_word)
+from seqmodels.data.ruler_pieces import (NOISE, RULER_DEPTHS, TokenCache, essay_from,  # noqa: F401 (re-exported)
+                                         essay_sentences, fill, frame, insert, nonce_word)
 
 NEEDLE = "One of the special magic {kind} for {key} is: {value}."
 NIAH_PREFIX = ("Some special magic {kind} are hidden within the following text. Make sure to memorize it. "
@@ -101,6 +101,11 @@ NIAH = {
 }
 TASKS = (*NIAH, "vt", "cwe", "fwe")
 DEPTH_TASKS = (*NIAH, "vt")  # tasks whose prompts have a needle depth
+
+
+def needs_essay(tasks) -> bool:
+    """Whether any of ``tasks`` has the essay haystack (its prompts need ``sentences`` of text)."""
+    return any(task in NIAH and NIAH[task].haystack == "essay" for task in tasks)
 
 
 def _draw(kind: str, rng: np.random.Generator) -> str:

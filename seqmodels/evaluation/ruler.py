@@ -34,7 +34,7 @@ import numpy as np
 from seqmodels.config_base import ConfigError
 from seqmodels.data.document_split import load_documents
 from seqmodels.data.heldout_sample import sample_order
-from seqmodels.data.ruler_tasks import DEPTH_TASKS, NIAH, TASKS, essay_sentences, ruler_examples
+from seqmodels.data.ruler_tasks import DEPTH_TASKS, TASKS, essay_from, needs_essay, ruler_examples
 from seqmodels.data.sources import get_source
 from seqmodels.data.tokenizers import get_tokenizer
 from seqmodels.evaluation.decoding import greedy_continuations
@@ -74,13 +74,7 @@ def haystack_sentences(data_config, seed: int, needed_chars: int) -> list[str]:
     heldout = load_documents(data_config).heldout
     if not len(heldout):
         raise ConfigError(f"data.source={data_config.source!r}: no held-out documents for the text haystack")
-    texts, total = [], 0
-    for index in sample_order(len(heldout), seed):
-        texts.append(heldout[int(index)])
-        total += len(texts[-1])
-        if total >= needed_chars:
-            break
-    return essay_sentences(texts)
+    return essay_from(heldout, sample_order(len(heldout), seed), needed_chars)
 
 
 def _continuation_text(tokenizer, ids: np.ndarray) -> str:
@@ -131,8 +125,8 @@ def evaluate_ruler(model, config, *, tasks=TASKS, lengths, depths=(0.0, 0.25, 0.
     if tokenizer.vocab_size > model.config.vocab_size:
         raise ConfigError(f"ruler: data.tokenizer={config.data.tokenizer!r} has {tokenizer.vocab_size} ids, more than "
                           f"model.vocab_size={model.config.vocab_size}: the model cannot read the prompts")
-    needs_text = any(t in NIAH and NIAH[t].haystack == "essay" for t in tasks)
-    sentences = haystack_sentences(config.data, seed, HAYSTACK_TOKENS_PER_LENGTH * max(fitting)) if needs_text else []
+    sentences = (haystack_sentences(config.data, seed, HAYSTACK_TOKENS_PER_LENGTH * max(fitting))
+                 if needs_essay(tasks) else [])
     results = {}
     for task in tasks:
         cells = {}

@@ -28,7 +28,7 @@ import numpy as np
 
 from seqmodels.config import ConfigError, DataConfig
 from seqmodels.data.packing import pack_and_batch, pad_batch
-from seqmodels.data.ruler_tasks import NIAH, TASKS, answer_text, essay_sentences, ruler_examples
+from seqmodels.data.ruler_tasks import TASKS, answer_text, essay_from, needs_essay, ruler_examples
 from seqmodels.data.sources import DataSource, register_source
 from seqmodels.data.tokenizers import get_tokenizer
 
@@ -46,17 +46,7 @@ def _training_sentences(needed_chars: int) -> tuple[str, ...]:
     """Sentences of the stdlib corpus's training documents, in file order, at least ``needed_chars`` long."""
     from seqmodels.data.document_split import load_documents
     documents = load_documents(DataConfig(source="stdlib")).train
-    texts, total = [], 0
-    for index in range(len(documents)):
-        texts.append(documents[index])
-        total += len(texts[-1])
-        if total >= needed_chars:
-            break
-    return tuple(essay_sentences(texts))
-
-
-def _needs_essay(tasks) -> bool:
-    return any(task in NIAH and NIAH[task].haystack == "essay" for task in tasks)
+    return tuple(essay_from(documents, range(len(documents)), needed_chars))
 
 
 def ruler_element(cfg: DataConfig, split: str, index: int, tokenizer=None) -> dict[str, np.ndarray]:
@@ -66,7 +56,7 @@ def ruler_element(cfg: DataConfig, split: str, index: int, tokenizer=None) -> di
     task = tasks[index % len(tasks)]
     length = cfg.seq_len + 1
     rng = np.random.default_rng([cfg.seed, _SPLITS[split], int(index)])
-    sentences = _training_sentences(max(ESSAY_MIN_CHARS, ESSAY_CHARS_PER_TOKEN * length)) if _needs_essay([task]) else ()
+    sentences = _training_sentences(max(ESSAY_MIN_CHARS, ESSAY_CHARS_PER_TOKEN * length)) if needs_essay([task]) else ()
     for _ in range(MAX_DRAWS):  # near a task's shortest length some keys tokenize too long to fit: draw again
         depth = float(rng.uniform(0.0, 1.0))
         seed = _SEED_BASE + int(rng.integers(0, 2**40))
