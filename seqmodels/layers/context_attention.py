@@ -33,12 +33,13 @@ D b + 2 B T 4)`` bytes arriving (the gather's bytes in ``4 (C - 1)`` messages); 
 plus ``dK, dV`` in ``2 C`` messages, ``2 B T Hkv D 4`` bytes. Memory: the residuals above (``[B, T / C,
 ...]``, and ``[B, H, T / C]`` float32 for the log-sum-exp), one held and one arriving block, float32
 accumulators of the shard's size and the float32 scores of one query tile of a sub-block (``[B, H, tile,
-T / C]``, ``tile`` up to ``ring_attention.QUERY_TILE`` = 256 rows): nothing grows with C at a fixed
+T / C]``, ``tile`` up to ``ring_attention.QUERY_TILE`` = 128 rows): nothing grows with C at a fixed
 ``T / C``. Measured ahead of time (v5e-8, d_model 1024, 16 heads, 2 scanned layers, T = 65,536 over
 ``mesh.context=8``, ``context_impl=ring``, remat full, bf16): 66 GiB of temporaries with whole sub-blocks and
 unrolled rounds (XLA computed every round's scores up front), 58 GiB with the rounds ordered, 20.9 GiB with
 query tiles of 1,024 rows (XLA keeps several tiles' ``[16, 1024, 8192]`` float32 scores live at once), and
-3.9 GiB (peak 4.0) with tiles of 256, which fits one chip's 16 GiB (the last two in one run, 2026-12-05).
+3.9 GiB (peak 4.0) with tiles of 256, which fits one chip's 16 GiB (the last two in one run, 2026-12-05),
+and 2.24 GiB (peak 2.33, against 1.80 for T = 8,192 unsplit with splash) with tiles of 128 or 64.
 
 **Layout** (``model.attention.context_layout``, the causal ring): ``contiguous`` folds ``j + 1`` whole
 blocks on shard j, so the last shard does C blocks while shard 0 does one (each round waits for its

@@ -69,9 +69,11 @@ from seqmodels.layers.context import pass_along, shard_index
 LAYOUTS = ("contiguous", "balanced")
 PARTS = ("all", "first", "second")
 _MASKED = -1e30  # a finite "minus infinity": exp(_MASKED - m) is 0 and never nan
-# Rows of a sub-block whose scores are live at once (module docstring). At 1,024 the 2-layer v5e-8 compile of
-# seqmodels/layers/context_attention.py's docstring needed 21.0 GiB per chip; at 256, 4.0 GiB (same run).
-QUERY_TILE = 256
+# Rows of a sub-block whose scores are live at once (module docstring). The v5e-8 compile of 2 scanned
+# Transformer++ layers at the 350M width, T = 65,536 over mesh.context=8 (seqmodels/layers/context_attention.py's
+# docstring), per-chip peak: 21.0 GiB at 1,024 rows, 3.99 at 256, 2.33 at 128 and 2.33 at 64, against 1.80 for
+# T = 8,192 unsplit (splash). XLA keeps more than one tile's scores live, more of them the larger the tile.
+QUERY_TILE = 128
 
 Branch = tuple[tuple[str, str], ...]  # the (query part, key part) sub-blocks one branch folds
 

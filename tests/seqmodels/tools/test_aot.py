@@ -178,21 +178,25 @@ def test_every_registered_mixer_compiles_for_tpu_at_long_rows_per_chip_under_aut
 
 
 @pytest.mark.slow
-def test_a_row_split_over_eight_chips_needs_about_one_chips_memory_of_rows_an_eighth_as_long(aot):
+@pytest.mark.parametrize("config, mixer, heads, split_overrides", [
+    ("configs/gated_deltanet.yaml", "gated_deltanet", 8, []),
+    ("configs/transformer.yaml", "attention", 16, ["model.attention.context_impl=ring"]),
+], ids=["gated_deltanet", "transformer_ring"])
+def test_a_row_split_over_eight_chips_needs_about_one_chips_memory_of_rows_an_eighth_as_long(
+        aot, config, mixer, heads, split_overrides):
     """v5e-8: one row of 65,536 tokens under ``mesh.context=8`` (8,192 tokens per chip) against eight rows of
-    8,192 under fsdp, Gated DeltaNet: the split's per-chip peak stays within 1.5x (the halo, the state chain
-    and the all-gathered weights are what it adds; benchmarks/results/context_memory has the 350M rows).
-    Softmax attention is not held to this: its per-shard scores, ``[H, T / C, T]`` gathered or one query
-    tile per round in the ring, outgrow the unsplit splash kernel (the same table)."""
-    # The 350M rows' width (d_model 1024, 8 heads of 128, vocabulary 32768) in 2 scanned layers: at a toy
-    # width the state chain's [K, K] transitions and widened pass outweigh the activations they sit beside.
-    overrides = ["model.d_model=1024", "model.num_heads=8", "model.mixers=[gated_deltanet] * 2",
+    8,192 under fsdp: the split's per-chip peak stays within 1.5x. Gated DeltaNet adds the halo, the state
+    chain and the all-gathered weights; Transformer++ by the ring adds its float32 accumulators and one query
+    tile's scores per sub-block, against the unsplit step's splash kernel (benchmarks/results/context_memory
+    has the 350M rows). The gather's ``[H, T / C, T]`` scores are not held to this: they do not fit."""
+    # The 350M rows' width (d_model 1024, vocabulary 32768) in 2 scanned layers: at a toy width the state
+    # chain's [K, K] transitions and widened pass outweigh the activations they sit beside.
+    overrides = ["model.d_model=1024", f"model.num_heads={heads}", f"model.mixers=[{mixer}] * 2",
                  "model.vocab_size=32768", "model.scan_layers=true", "model.remat=full",
                  "model.compute_dtype=bfloat16", "model.max_seq_len=65536", "mesh.data=1"]
-    whole = aot.compile("v5e:2x4", "configs/gated_deltanet.yaml",
-                        overrides + ["mesh.fsdp=8", "train.batch_size=8", "data.seq_len=8192"])
-    split = aot.compile("v5e:2x4", "configs/gated_deltanet.yaml",
-                        overrides + ["mesh.context=8", "train.batch_size=1", "data.seq_len=65536"])
+    whole = aot.compile("v5e:2x4", config, overrides + ["mesh.fsdp=8", "train.batch_size=8", "data.seq_len=8192"])
+    split = aot.compile("v5e:2x4", config, overrides + split_overrides
+                        + ["mesh.context=8", "train.batch_size=1", "data.seq_len=65536"])
     assert split["mesh"]["context"] == 8 and whole["mesh"]["fsdp"] == 8
     assert split["peak_bytes"] <= 1.5 * whole["peak_bytes"], (split["peak_bytes"], whole["peak_bytes"])
 
