@@ -1,13 +1,24 @@
-"""The distillation curve of an AHN run: KL(teacher || student) beyond the window per step, from its metrics.
+"""The distillation curve of AHN runs: KL(teacher || student) beyond the window per step, from their metrics.
 
     python experiments/ahn/curve.py --run runs/ahn_paper/gated_deltanet --out experiments/ahn/results/paper
+    python experiments/ahn/curve.py --run runs/ahn_paper/gated_deltanet --run runs/ahn_paper/deltanet \
+        --run runs/ahn_paper/mamba2 --out experiments/ahn/results/paper/compressors
 
 Reads ``<run>/metrics.jsonl`` (one record per logged step, as ``train.py`` writes it: ``loss`` is the mean KL
 over the step's positions beyond its window, ``loss_tokens`` their count) and writes under ``--out``:
 ``curve.json`` (every step's KL, tokens and step time, and the token-weighted mean KL of consecutive blocks
 of ``--block`` steps) and ``curve.png`` (each step's KL and the blocks' means against the step). Each step
 is a different row, and with ``model.ahn.random_window`` a different window, so single steps are noisy:
-read the block means. Existing outputs are refused, never overwritten.
+read the block means.
+
+With several ``--run`` (compressors distilled with the same data seed and AHN settings, so step ``s`` of every
+run is the same row under the same window) ``curve.json`` holds each run's steps and blocks under ``runs``, and
+``paired`` compares each later run with the first on the steps they share: the ratio of their token-weighted
+mean KLs, ``sum_s KL_run(s) n(s) / sum_s KL_first(s) n(s)``, with a 95 % percentile-bootstrap interval over
+steps (``seqmodels.evaluation.intervals.ratio_interval``). Pairing by row removes the row-to-row spread that
+dominates a single curve; an interval that excludes 1 separates the two compressors at this budget. Runs whose
+shared steps scored different token counts did not see the same rows and windows and are refused.
+Existing outputs are refused, never overwritten.
 """
 
 from __future__ import annotations
@@ -22,13 +33,21 @@ OUTPUTS = ("curve.json", "curve.png")
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--run", required=True, help="run directory written by train.py")
+    parser.add_argument("--run", required=True, action="append",
+                        help="run directory written by train.py; repeat to compare runs step by step")
     parser.add_argument("--block", type=int, default=10, help="steps per block mean")
     parser.add_argument("--out", required=True, help="directory for curve.json and curve.png")
     args = parser.parse_args(argv)
     if args.block < 1:
         parser.error(f"--block must be >= 1, got {args.block}")
+    names = [run_name(run) for run in args.run]
+    if len(set(names)) != len(names):
+        parser.error(f"--run directories must have different names (they label the runs), got {names}")
     return args
+
+
+def run_name(run: str) -> str:
+    return Path(run).resolve().name
 
 
 def read_steps(run: Path) -> list[dict]:
@@ -58,14 +77,42 @@ def block_means(steps: list[dict], block: int) -> list[dict]:
     return blocks
 
 
-def plot(steps: list[dict], blocks: list[dict], path: Path) -> None:
+def paired(reference: tuple[str, list[dict]], other: tuple[str, list[dict]]) -> dict:
+    """``other``'s token-weighted mean KL over ``reference``'s on the steps both logged, with its interval."""
+    from seqmodels.evaluation.intervals import ratio_interval
+    (reference_name, reference_steps), (name, steps) = reference, other
+    by_step = {step["step"]: step for step in reference_steps}
+    shared = [(by_step[step["step"]], step) for step in steps if step["step"] in by_step]
+    if not shared:
+        raise SystemExit(f"runs {reference_name} and {name} share no logged step: nothing to compare")
+    for first, second in shared:
+        if first["loss_tokens"] != second["loss_tokens"]:
+            raise SystemExit(
+                f"runs {reference_name} and {name} scored {first['loss_tokens']:.0f} and {second['loss_tokens']:.0f} "
+                f"tokens at step {first['step']}: they did not see the same rows and windows, so their steps cannot "
+                "be paired (train them with the same data.seed, data.seq_len and model.ahn settings)")
+    tokens = [first["loss_tokens"] for first, _ in shared]
+    numerators = [second["loss"] * n for (_, second), n in zip(shared, tokens)]
+    denominators = [first["loss"] * n for (first, _), n in zip(shared, tokens)]
+    return {"run": name, "against": reference_name, "steps": len(shared),
+            "first_step": shared[0][0]["step"], "last_step": shared[-1][0]["step"],
+            "kl": sum(numerators) / sum(tokens), "reference_kl": sum(denominators) / sum(tokens),
+            "ratio": sum(numerators) / sum(denominators), "interval": ratio_interval(numerators, denominators)}
+
+
+def plot(runs: dict[str, tuple[list[dict], list[dict]]], path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     figure, axis = plt.subplots(figsize=(7, 4))
-    axis.plot([s["step"] for s in steps], [s["loss"] for s in steps], ".", alpha=0.5, label="one step (one row)")
-    axis.hlines([b["kl"] for b in blocks], [b["first_step"] - 0.5 for b in blocks],
-                [b["last_step"] + 0.5 for b in blocks], colors="C1", linewidth=2, label="block mean (token-weighted)")
+    for index, (name, (steps, blocks)) in enumerate(runs.items()):
+        color = f"C{index}"
+        label = "" if len(runs) == 1 else f"{name}: "
+        axis.plot([s["step"] for s in steps], [s["loss"] for s in steps], ".", color=color, alpha=0.4,
+                  label=f"{label}one step (one row)")
+        axis.hlines([b["kl"] for b in blocks], [b["first_step"] - 0.5 for b in blocks],
+                    [b["last_step"] + 0.5 for b in blocks], colors="C1" if len(runs) == 1 else color, linewidth=2,
+                    label=f"{label}block mean (token-weighted)")
     axis.set_xlabel("step")
     axis.set_ylabel("KL beyond the window (nats / token)")
     axis.set_yscale("log")
@@ -81,15 +128,29 @@ def main(argv=None) -> int:
     existing = [str(out / name) for name in OUTPUTS if (out / name).exists()]
     if existing:
         raise SystemExit(f"{', '.join(existing)} already exist: choose another --out (nothing was written)")
-    steps = read_steps(Path(args.run))
-    blocks = block_means(steps, args.block)
+    runs = {}
+    for run in args.run:
+        steps = read_steps(Path(run))
+        runs[run_name(run)] = (steps, block_means(steps, args.block))
+    names = list(runs)
+    comparisons = [paired((names[0], runs[names[0]][0]), (name, runs[name][0])) for name in names[1:]]
+    if len(runs) == 1:
+        steps, blocks = runs[names[0]]
+        report = {"run": names[0], "block": args.block, "steps": steps, "blocks": blocks}
+    else:
+        report = {"block": args.block, "runs": {name: {"steps": steps, "blocks": blocks}
+                                                for name, (steps, blocks) in runs.items()}, "paired": comparisons}
     out.mkdir(parents=True, exist_ok=True)
-    (out / "curve.json").write_text(json.dumps({"run": Path(args.run).name, "block": args.block, "steps": steps,
-                                                "blocks": blocks}, indent=1) + "\n")
-    plot(steps, blocks, out / "curve.png")
-    for entry in blocks:
-        print(f"steps {entry['first_step']}-{entry['last_step']}: KL {entry['kl']:.4f} over {entry['tokens']:.0f} "
-              "tokens")
+    (out / "curve.json").write_text(json.dumps(report, indent=1) + "\n")
+    plot(runs, out / "curve.png")
+    for name, (_, blocks) in runs.items():
+        for entry in blocks:
+            print(f"{name} steps {entry['first_step']}-{entry['last_step']}: KL {entry['kl']:.4f} over "
+                  f"{entry['tokens']:.0f} tokens")
+    for entry in comparisons:
+        interval = entry["interval"]
+        print(f"{entry['run']} / {entry['against']} over {entry['steps']} shared steps: KL {entry['kl']:.4f} / "
+              f"{entry['reference_kl']:.4f} = {entry['ratio']:.3f} [{interval['low']:.3f}, {interval['high']:.3f}]")
     return 0
 
 

@@ -38,3 +38,38 @@ def test_refuses_an_existing_output_and_a_run_without_metrics(tmp_path):
     assert (tmp_path / "out" / "curve.png").read_bytes() == b"mine"
     with pytest.raises(SystemExit, match="metrics.jsonl does not exist"):
         curve.main(["--run", str(tmp_path / "nowhere"), "--out", str(tmp_path / "other")])
+
+
+def test_several_runs_are_compared_on_the_rows_they_share_by_the_ratio_of_their_mean_kls(tmp_path):
+    tokens = [100.0, 300.0, 200.0, 400.0]
+    first = [2.0, 1.0, 3.0, 1.5]
+    write_metrics(tmp_path / "gdn", [{"step": s + 1, "loss": kl, "loss_tokens": n}
+                                     for s, (kl, n) in enumerate(zip(first, tokens))])
+    # the second run is worse by half on every row, and logged one step fewer: three steps are shared
+    write_metrics(tmp_path / "mamba2", [{"step": s + 1, "loss": 1.5 * kl, "loss_tokens": n}
+                                        for s, (kl, n) in enumerate(zip(first[:3], tokens[:3]))])
+    assert curve.main(["--run", str(tmp_path / "gdn"), "--run", str(tmp_path / "mamba2"), "--block", "2",
+                       "--out", str(tmp_path / "out")]) == 0
+    report = json.loads((tmp_path / "out" / "curve.json").read_text())
+    assert set(report["runs"]) == {"gdn", "mamba2"} and len(report["runs"]["gdn"]["blocks"]) == 2
+    (entry,) = report["paired"]
+    shared_kl = (2.0 * 100 + 1.0 * 300 + 3.0 * 200) / 600
+    assert (entry["run"], entry["against"], entry["steps"], entry["last_step"]) == ("mamba2", "gdn", 3, 3)
+    assert entry["reference_kl"] == pytest.approx(shared_kl) and entry["kl"] == pytest.approx(1.5 * shared_kl)
+    # a constant ratio on every row: every resample has it, so the interval is that one point
+    assert entry["ratio"] == pytest.approx(1.5)
+    assert entry["interval"]["low"] == pytest.approx(1.5) and entry["interval"]["high"] == pytest.approx(1.5)
+    assert entry["interval"]["units"] == 3
+
+
+def test_runs_that_saw_different_rows_or_share_a_name_are_refused(tmp_path, capsys):
+    write_metrics(tmp_path / "gdn", [{"step": 1, "loss": 1.0, "loss_tokens": 100.0}])
+    write_metrics(tmp_path / "other", [{"step": 1, "loss": 1.0, "loss_tokens": 90.0}])
+    with pytest.raises(SystemExit, match="did not see the same rows and windows"):
+        curve.main(["--run", str(tmp_path / "gdn"), "--run", str(tmp_path / "other"), "--out", str(tmp_path / "o")])
+    assert not (tmp_path / "o").exists()
+    (tmp_path / "copy").mkdir()
+    with pytest.raises(SystemExit):
+        curve.main(["--run", str(tmp_path / "gdn"), "--run", str(tmp_path / "copy" / ".." / "gdn"),
+                    "--out", str(tmp_path / "o")])
+    assert "must have different names" in capsys.readouterr().err and not (tmp_path / "o").exists()
