@@ -2,23 +2,15 @@
 
 import json
 
-import numpy as np
 import pytest
 
 import eval as eval_entry
 import train as train_entry
 from conftest import tiny_overrides, write_corpus
-from seqmodels.config_io import load_config
-from seqmodels.data.sources.ruler import ruler_element
-from seqmodels.data.tokenizers import get_tokenizer
 
 
 pytestmark = pytest.mark.xdist_group("ruler")  # one worker builds the module's trained run once
 STEPS_TO_LEARN = 800
-
-
-def load_ruler_config(overrides):
-    return load_config(None, ["data.source=ruler", *overrides]).data
 
 
 @pytest.fixture(scope="module")
@@ -90,15 +82,10 @@ def test_a_full_attention_model_trained_on_the_tasks_format_learns_it_at_a_short
     0.6: the trajectory depends on the float reductions, and a single-threaded probe of the same run scored
     0.6 over 10 prompts at 900 steps. Its continuations began with the needle's value at every depth; its misses were
     copy slips inside values with repeated digits (``4297058`` -> ``42970558``)."""
+    from seqmodels.data.builders.ruler_text import write_ruler_texts
     from seqmodels.data.builders.tokenizer import train_bpe
-    cfg = load_ruler_config(["data.seq_len=511"])
-    byte = get_tokenizer("byte")
-    with open(tmp_path / "task.jsonl", "w") as texts:
-        for index in range(900):
-            row = ruler_element(cfg, "train", index, byte)
-            end = np.flatnonzero(row["loss_mask"])[-1]  # the end-of-document token after the answer
-            texts.write(json.dumps({"text": byte.decode(row["tokens"][1:end])}) + "\n")
-    tokenizer_dir = train_bpe(str(tmp_path / "task.jsonl"), 512, str(tmp_path / "tokenizer"))
+    texts = write_ruler_texts(["niah_single_1"], 900, 512, str(tmp_path / "task.jsonl"))
+    tokenizer_dir = train_bpe(texts, 512, str(tmp_path / "tokenizer"))
     run_dir = tmp_path / "run"
     overrides = {"model.d_model": 128, "model.num_heads": 8, "model.mixers": "[attention] * 2",
                  "model.attention.conv_kernel": 4, "model.vocab_size": 512, "model.max_seq_len": 192,
