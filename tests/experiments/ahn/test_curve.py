@@ -60,6 +60,11 @@ def test_several_runs_are_compared_on_the_rows_they_share_by_the_ratio_of_their_
     assert entry["ratio"] == pytest.approx(1.5)
     assert entry["interval"]["low"] == pytest.approx(1.5) and entry["interval"]["high"] == pytest.approx(1.5)
     assert entry["interval"]["units"] == 3
+    assert curve.main(["--run", str(tmp_path / "gdn"), "--run", str(tmp_path / "mamba2"), "--paired-from", "2",
+                       "--out", str(tmp_path / "later")]) == 0
+    (later,) = json.loads((tmp_path / "later" / "curve.json").read_text())["paired"]
+    assert (later["steps"], later["first_step"]) == (2, 2)
+    assert later["reference_kl"] == pytest.approx((1.0 * 300 + 3.0 * 200) / 500)
 
 
 def test_runs_that_saw_different_rows_or_share_a_name_are_refused(tmp_path, capsys):
