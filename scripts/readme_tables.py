@@ -25,11 +25,12 @@ from readme_cfl import (
     cfl_heldout, cfl_heldout_batch256, cfl_lengths_to_12, cfl_long_width128, cfl_long_width64, cfl_recipes,
 )
 from readme_memory import (
-    AHN_RULER, AHN_RULER_MODES, GRANULARITY, GRANULARITY_SEEDS, NEEDLE, NEEDLE_ABLATIONS, NEEDLE_BEFORE,
-    NEEDLE_CORRECTED, NEEDLE_ETA_CURRENT, NEEDLE_ETA_SWEEP, RECALL, RECALL_ETA, RULER_SWEEP, ahn_loss, ahn_ruler,
-    memory_sweep, needle_ablations, needle_before, needle_corrected, needle_eta_current, needle_eta_sweep,
-    needle_granularity, recall_atlas, recall_atlas_corrected, recall_atlas_update, recall_eta, recall_granularity,
-    recall_grid, recall_grid_corrected, recall_ns_scope, ruler_sweep,
+    AHN_PAPER_EVALS, AHN_RULER, AHN_RULER_8K_MODES, AHN_RULER_MODES, GRANULARITY, GRANULARITY_SEEDS, NEEDLE,
+    NEEDLE_ABLATIONS, NEEDLE_BEFORE, NEEDLE_CORRECTED, NEEDLE_ETA_CURRENT, NEEDLE_ETA_SWEEP, RECALL, RECALL_ETA,
+    RULER_SWEEP, ahn_loss, ahn_paper_gap, ahn_paper_loss, ahn_ruler, ahn_ruler_8k, memory_sweep, needle_ablations,
+    needle_before, needle_corrected, needle_eta_current, needle_eta_sweep, needle_granularity, recall_atlas,
+    recall_atlas_corrected, recall_atlas_update, recall_eta, recall_granularity, recall_grid, recall_grid_corrected,
+    recall_ns_scope, ruler_sweep,
 )
 import readme_format
 
@@ -46,8 +47,14 @@ def _granularity(root: str, name: str) -> tuple[str, ...]:
 TABLES = {
     "memory-sweep": ("results/sweeps/memory/README.md", ("results/sweeps/memory/results.json",), memory_sweep),
     "ahn-loss": ("experiments/ahn/README.md", ("experiments/ahn/results/ahn.json",), ahn_loss),
+    "ahn-paper-loss": ("experiments/ahn/README.md", tuple(f"{AHN_RULER}/{path}" for path in AHN_PAPER_EVALS.values()),
+                       ahn_paper_loss),
+    "ahn-paper-gap": ("experiments/ahn/README.md", tuple(f"{AHN_RULER}/{path}" for path in AHN_PAPER_EVALS.values()),
+                      ahn_paper_gap),
     "ahn-ruler": ("experiments/ahn/README.md", tuple(f"{AHN_RULER}/ruler_{mode}.json" for mode in AHN_RULER_MODES),
                   ahn_ruler),
+    "ahn-ruler-8k": ("experiments/ahn/README.md", tuple(f"{AHN_RULER}/ruler8k_{mode}.json" for mode in AHN_RULER_8K_MODES),
+                     ahn_ruler_8k),
     "ruler-sweep": ("experiments/ruler/README.md", (RULER_SWEEP,), ruler_sweep),
     "cfl-grid": ("experiments/cfl/README.md", (f"{CFL}/grid/cfl.json",), cfl_grid),
     "cfl-long-width64": ("experiments/cfl/README.md", _long("dyck2_bfvp", "marked_palindrome_dyck1"), cfl_long_width64),
