@@ -8,8 +8,8 @@ A README table generated here sits between two marker lines naming it and its so
 
 ``python scripts/readme_tables.py`` rewrites every such block from its file; ``--check`` changes
 nothing and exits 1 naming each block that differs from what its file gives (the test suite runs it).
-Each table's generator (``readme_memory.py``, ``readme_cfl.py``, ``readme_benchmarks.py``, beside this
-script; shared formatting in ``readme_format.py``) says which fields of the file each column is.
+Each table's generator (``readme_memory.py``, ``readme_ahn.py``, ``readme_cfl.py``, ``readme_benchmarks.py``,
+beside this script; shared formatting in ``readme_format.py``) says which fields of the file each column is.
 """
 
 from __future__ import annotations
@@ -24,13 +24,15 @@ from readme_cfl import (
     CFL_LENGTHS_TO_12, CFL_RECIPES, cfl_batch128, cfl_batch256, cfl_continued, cfl_continued_heldout, cfl_grid,
     cfl_heldout, cfl_heldout_batch256, cfl_lengths_to_12, cfl_long_width128, cfl_long_width64, cfl_recipes,
 )
+from readme_ahn import (
+    AHN_PAPER_EVALS, AHN_RULER, AHN_RULER_8K_MODES, AHN_RULER_MODES, ahn_loss, ahn_paper_gap, ahn_paper_loss, ahn_ruler,
+    ahn_ruler_8k,
+)
 from readme_memory import (
-    AHN_PAPER_EVALS, AHN_RULER, AHN_RULER_8K_MODES, AHN_RULER_MODES, GRANULARITY, GRANULARITY_SEEDS, NEEDLE,
-    NEEDLE_ABLATIONS, NEEDLE_BEFORE, NEEDLE_CORRECTED, NEEDLE_ETA_CURRENT, NEEDLE_ETA_SWEEP, RECALL, RECALL_ETA,
-    RULER_SWEEP, ahn_loss, ahn_paper_gap, ahn_paper_loss, ahn_ruler, ahn_ruler_8k, memory_sweep, needle_ablations,
-    needle_before, needle_corrected, needle_eta_current, needle_eta_sweep, needle_granularity, recall_atlas,
-    recall_atlas_corrected, recall_atlas_update, recall_eta, recall_granularity, recall_grid, recall_grid_corrected,
-    recall_ns_scope, ruler_sweep,
+    GRANULARITY, GRANULARITY_SEEDS, NEEDLE, NEEDLE_ABLATIONS, NEEDLE_BEFORE, NEEDLE_CORRECTED, NEEDLE_ETA_CURRENT,
+    NEEDLE_ETA_SWEEP, RECALL, RECALL_ETA, RULER_SWEEP, memory_sweep, needle_ablations, needle_before, needle_corrected,
+    needle_eta_current, needle_eta_sweep, needle_granularity, recall_atlas, recall_atlas_corrected, recall_atlas_update,
+    recall_eta, recall_granularity, recall_grid, recall_grid_corrected, recall_ns_scope, ruler_sweep,
 )
 import readme_format
 
