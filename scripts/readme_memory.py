@@ -280,7 +280,7 @@ RULER_SWEEP = "experiments/ruler/results/ruler/results.json"
 
 def ruler_sweep() -> str:
     """experiments/ruler/results/ruler/results.json (the sweep's report): the score table of
-    ``experiments/ruler/run.py`` (per variant, task and length), as that script writes it to ``results/ruler.md``."""
+    ``experiments/ruler/run.py`` (per variant, task and length), as that script writes it to ``results/ruler/ruler.md``."""
     import importlib.util
     from pathlib import Path
     path = Path(__file__).resolve().parents[1] / "experiments" / "ruler" / "run.py"

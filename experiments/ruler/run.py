@@ -4,17 +4,19 @@
     python -m seqmodels.data.builders.tokenizer train --input data/debdocs --vocab-size 16384 --out tokenizers/debdocs-16k
     OPENBLAS_NUM_THREADS=1 python experiments/ruler/run.py --jobs 2          # trains, evaluates, reports
     python experiments/ruler/run.py --report-only                            # the report from the runs left
+    python experiments/ruler/run.py --sweep configs/sweeps/ruler_task_bpe.yaml --jobs 2   # another sweep file
 
-The runs are ``ablate.py --sweep configs/sweeps/ruler.yaml`` (the sweep file says what each variant is and why):
-every variant trains under ``runs/sweeps/ruler/`` and its ``ruler`` evaluation (``seqmodels.evaluation.ruler``)
-is written with the sweep's report under ``experiments/ruler/results/ruler/`` (``results.json``, ``table.md``).
-Then this script reads that ``results.json`` and writes, beside it in ``experiments/ruler/results/``:
+The runs are ``ablate.py --sweep SWEEP`` (default ``configs/sweeps/ruler.yaml``; the sweep file says what each
+variant is and why): every variant trains under ``runs/sweeps/NAME/`` (NAME: the sweep file's ``name``) and its
+``ruler`` evaluation (``seqmodels.evaluation.ruler``) is written with the sweep's report under
+``experiments/ruler/results/NAME/`` (``results.json``, ``table.md``). Then this script reads that
+``results.json`` and writes beside it:
 
 - ``ruler.md``: score per variant, task and length (mean over the variant's seeds; with one seed, the cell's
   95 % bootstrap interval over its examples), the lengths as multiples of the training length;
 - ``score_by_length.png``: one panel per task, score against length, a line per variant.
 
-``--jobs``, ``--only`` and ``--report-only`` pass through to ``ablate.py``.
+``--sweep``, ``--jobs``, ``--only`` and ``--report-only`` pass through to ``ablate.py``.
 """
 
 from __future__ import annotations
@@ -88,12 +90,15 @@ def markdown(results: dict, length: int) -> str:
             f"of {length} tokens.\n")
 
 
-def plot(results: dict, length: int, path: Path) -> None:
+def plot(results: dict, length: int, path: Path) -> bool:
+    """Write the score-by-length figure; False (and nothing written) when no variant has a ruler evaluation yet."""
+    rows = [(v["name"], variant_scores(v)) for v in results["variants"]]
+    tasks = sorted({task for _, table in rows for task in table})
+    if not tasks:
+        return False
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    rows = [(v["name"], variant_scores(v)) for v in results["variants"]]
-    tasks = sorted({task for _, table in rows for task in table})
     fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 3.6), squeeze=False, sharey=True)
     styles = [(marker, line) for line in ("-", "--", ":") for marker in "os^vDx"]  # overlapping lines stay visible
     for ax, task in zip(axes[0], tasks):
@@ -112,27 +117,32 @@ def plot(results: dict, length: int, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+    return True
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sweep", default=SWEEP, help=f"sweep YAML (default {SWEEP}); its name names the results' folder")
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time (ablate.py --jobs)")
     parser.add_argument("--only", action="append", default=[], metavar="VARIANT", help="ablate.py --only")
     parser.add_argument("--report-only", action="store_true", help="ablate.py --report-only: run nothing")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT))
     import ablate
-    ablate_args = ["--sweep", SWEEP, "--jobs", str(args.jobs), "--results-dir", str(RESULTS.relative_to(ROOT))]
+    ablate_args = ["--sweep", args.sweep, "--jobs", str(args.jobs), "--results-dir", str(RESULTS.relative_to(ROOT))]
     ablate_args += [flag for name in args.only for flag in ("--only", name)]
     ablate_args += ["--report-only"] * args.report_only
     status = ablate.main(ablate_args)
     if status == ablate.EXIT_USAGE:
         return status
-    results = json.loads((RESULTS / "ruler" / "results.json").read_text())
+    from seqmodels.sweeps.spec import load_sweep
+    out = RESULTS / load_sweep(args.sweep).name  # ablate.py has read this file already: it loads
+    results = json.loads((out / "results.json").read_text())
     length = train_length(results)
-    (RESULTS / "ruler.md").write_text(markdown(results, length))
-    plot(results, length, RESULTS / "score_by_length.png")
-    print(f"ruler: wrote {RESULTS / 'ruler.md'} and {RESULTS / 'score_by_length.png'}")
+    (out / "ruler.md").write_text(markdown(results, length))
+    plotted = plot(results, length, out / "score_by_length.png")
+    print(f"ruler: wrote {out / 'ruler.md'}" + (f" and {out / 'score_by_length.png'}" if plotted
+                                                 else " (no variant evaluated yet: no plot)"))
     return status
 
 

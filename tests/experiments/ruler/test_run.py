@@ -47,5 +47,7 @@ def test_the_table_has_a_row_per_variant_and_task_with_lengths_as_multiples_and_
     assert "| two_seeds | niah_single_1 | 0.60 [0.40, 0.80] | 0.25 [0.00, 0.50] |" in lines
     assert any(line.startswith("| not_run | (no evaluation) |") for line in lines)
     assert "2 examples per depth at depths [0, 1], prompt seed 42; trained on rows of 256 tokens" in table
-    run.plot(RESULTS, 256, tmp_path / "plot.png")
+    assert run.plot(RESULTS, 256, tmp_path / "plot.png")
     assert (tmp_path / "plot.png").stat().st_size > 1000
+    nothing_evaluated = {**RESULTS, "variants": [RESULTS["variants"][2]]}
+    assert not run.plot(nothing_evaluated, 256, tmp_path / "none.png") and not (tmp_path / "none.png").exists()
