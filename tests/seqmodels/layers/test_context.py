@@ -171,8 +171,10 @@ def test_attention_by_ring_matches_one_device_scanned_and_rematerialised():
                                                 scan_layers=True, remat="full"), data=1)
 
 
+# atlas_mag and atlas_mal are left out here (55 s each): their memory is atlas's and their attention branch
+# attention's or swa's, each checked here scanned and rematerialised; on packed rows above all three are.
 @pytest.mark.slow
-@pytest.mark.parametrize("name", context_parallel_mixers())
+@pytest.mark.parametrize("name", [n for n in context_parallel_mixers() if n not in ("atlas_mag", "atlas_mal")])
 def test_context_parallel_mixers_match_one_device_scanned_and_rematerialised(name):
     assert_split_equals_one_device(model_config(name, scan_layers=True, remat="full"), data=1)
 
