@@ -276,17 +276,25 @@ def recall_eta() -> str:
 
 
 RULER_SWEEP = "experiments/ruler/results/ruler/results.json"
+RULER_TASK_BPE = "experiments/ruler/results/ruler_task_bpe/results.json"
 
 
-def ruler_sweep() -> str:
-    """experiments/ruler/results/ruler/results.json (the sweep's report): the score table of
-    ``experiments/ruler/run.py`` (per variant, task and length), as that script writes it to ``results/ruler/ruler.md``."""
+def ruler_sweep(results_file: str = RULER_SWEEP) -> str:
+    """A RULER sweep's report (``experiments/ruler/results/NAME/results.json``; default the first sweep's): the score
+    table of ``experiments/ruler/run.py`` (per variant, task and length), as that script writes it to ``ruler.md``
+    beside the report."""
     import importlib.util
     from pathlib import Path
     path = Path(__file__).resolve().parents[1] / "experiments" / "ruler" / "run.py"
     spec = importlib.util.spec_from_file_location("experiments_ruler_run", path)
     run = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(run)
-    results = load_json(RULER_SWEEP)
+    results = load_json(results_file)
     return "\n".join(line for line in run.markdown(results, run.train_length(results)).splitlines()
                      if line.startswith("|"))
+
+
+def ruler_task_bpe() -> str:
+    """experiments/ruler/results/ruler_task_bpe/results.json: the second RULER sweep's score table
+    (``configs/sweeps/ruler_task_bpe.yaml``), as ``ruler_sweep`` makes the first's."""
+    return ruler_sweep(RULER_TASK_BPE)

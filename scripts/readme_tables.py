@@ -30,9 +30,10 @@ from readme_ahn import (
 )
 from readme_memory import (
     GRANULARITY, GRANULARITY_SEEDS, NEEDLE, NEEDLE_ABLATIONS, NEEDLE_BEFORE, NEEDLE_CORRECTED, NEEDLE_ETA_CURRENT,
-    NEEDLE_ETA_SWEEP, RECALL, RECALL_ETA, RULER_SWEEP, memory_sweep, needle_ablations, needle_before, needle_corrected,
-    needle_eta_current, needle_eta_sweep, needle_granularity, recall_atlas, recall_atlas_corrected, recall_atlas_update,
-    recall_eta, recall_granularity, recall_grid, recall_grid_corrected, recall_ns_scope, ruler_sweep,
+    NEEDLE_ETA_SWEEP, RECALL, RECALL_ETA, RULER_SWEEP, RULER_TASK_BPE, memory_sweep, needle_ablations, needle_before,
+    needle_corrected, needle_eta_current, needle_eta_sweep, needle_granularity, recall_atlas, recall_atlas_corrected,
+    recall_atlas_update, recall_eta, recall_granularity, recall_grid, recall_grid_corrected, recall_ns_scope,
+    ruler_sweep, ruler_task_bpe,
 )
 import readme_format
 
@@ -58,6 +59,7 @@ TABLES = {
     "ahn-ruler-8k": ("experiments/ahn/README.md", tuple(f"{AHN_RULER}/ruler8k_{mode}.json" for mode in AHN_RULER_8K_MODES),
                      ahn_ruler_8k),
     "ruler-sweep": ("experiments/ruler/README.md", (RULER_SWEEP,), ruler_sweep),
+    "ruler-task-bpe": ("experiments/ruler/README.md", (RULER_TASK_BPE,), ruler_task_bpe),
     "cfl-grid": ("experiments/cfl/README.md", (f"{CFL}/grid/cfl.json",), cfl_grid),
     "cfl-long-width64": ("experiments/cfl/README.md", _long("dyck2_bfvp", "marked_palindrome_dyck1"), cfl_long_width64),
     "cfl-long-width128": ("experiments/cfl/README.md", _long("dyck2_d128", "marked_palindrome_d128"),

@@ -14,7 +14,8 @@ variant is and why): every variant trains under ``runs/sweeps/NAME/`` (NAME: the
 
 - ``ruler.md``: score per variant, task and length (mean over the variant's seeds; with one seed, the cell's
   95 % bootstrap interval over its examples), the lengths as multiples of the training length;
-- ``score_by_length.png``: one panel per task, score against length, a line per variant.
+- ``score_by_length.png``: one panel per task, score against length, a line per variant with its interval (or
+  range over seeds) as a band.
 
 ``--sweep``, ``--jobs``, ``--only`` and ``--report-only`` pass through to ``ablate.py``.
 """
@@ -70,23 +71,24 @@ def markdown(results: dict, length: int) -> str:
     rows = [(v["name"], variant_scores(v)) for v in results["variants"]]
     tasks = sorted({task for _, table in rows for task in table})
     lengths = sorted({n for _, table in rows for by_length in table.values() for n in by_length})
-    header = ["variant", "task"] + [f"{n} ({n / length:g}x)" for n in lengths]
-    lines = ["| " + " | ".join(header) + " |", "|---|---|" + "---|" * len(lengths)]
+    header = ["variant", "seeds", "task"] + [f"{n} ({n / length:g}x)" for n in lengths]
+    lines = ["| " + " | ".join(header) + " |", "|---|---|---|" + "---|" * len(lengths)]
     for name, table in rows:
         if not table:
-            lines.append(f"| {name} | (no evaluation) |" + " |" * len(lengths))
+            lines.append(f"| {name} | 0 | (no evaluation) |" + " |" * len(lengths))
             continue
         for task in tasks:
-            cells = []
-            for n in lengths:
-                cell = table.get(task, {}).get(n)
-                cells.append("–" if cell is None else f"{cell['score']:.2f} [{cell['low']:.2f}, {cell['high']:.2f}]")
-            lines.append(f"| {name} | {task} | " + " | ".join(cells) + " |")
+            by_length = table.get(task, {})
+            cells = ["–" if n not in by_length else
+                     f"{by_length[n]['score']:.2f} [{by_length[n]['low']:.2f}, {by_length[n]['high']:.2f}]"
+                     for n in lengths]
+            seeds = max((cell["seeds"] for cell in by_length.values()), default=0)
+            lines.append(f"| {name} | {seeds} | {task} | " + " | ".join(cells) + " |")
     evaluation = results["eval"]["ruler"]
     return ("\n".join(lines) + f"\n\nScore: the fraction of references in the greedy continuation (RULER's "
-            f"string_match_all), mean over the variant's evaluated seeds; [low, high]: with one seed the 95 % "
-            f"bootstrap interval over the cell's examples, else the range over seeds. {evaluation['per_depth']} "
-            f"examples per depth at depths {evaluation['depths']}, prompt seed {evaluation['seed']}; trained on rows "
+            f"string_match_all), mean over the variant's evaluated seeds (seeds: how many); [low, high]: with one "
+            f"seed the 95 % bootstrap interval over the cell's examples, else the range over seeds. "
+            f"{evaluation['per_depth']} examples per depth at depths {evaluation['depths']}, prompt seed {evaluation['seed']}; trained on rows "
             f"of {length} tokens.\n")
 
 
@@ -105,11 +107,15 @@ def plot(results: dict, length: int, path: Path) -> bool:
         for (name, table), (marker, line) in zip(rows, styles * len(rows)):
             by_length = table.get(task, {})
             if by_length:
-                ax.plot(list(by_length), [c["score"] for c in by_length.values()], marker=marker, linestyle=line,
-                        markerfacecolor="none", label=name)
+                cells = list(by_length.values())
+                seeds = max(c["seeds"] for c in cells)
+                drawn, = ax.plot(list(by_length), [c["score"] for c in cells], marker=marker, linestyle=line,
+                                 markerfacecolor="none", label=f"{name} ({seeds} seed{'s' * (seeds > 1)})")
+                ax.fill_between(list(by_length), [c["low"] for c in cells], [c["high"] for c in cells],
+                                color=drawn.get_color(), alpha=0.1, linewidth=0)
         ax.set_xscale("log", base=2)
         ax.axvline(length, color="grey", linestyle=":", linewidth=1)
-        ax.set_title(task)
+        ax.set_title(f"{task}\nband: one seed's 95 % interval, or the range over seeds", fontsize=9)
         ax.set_xlabel("length (tokens); dotted: training length")
         ax.set_ylim(-0.05, 1.05)
     axes[0][0].set_ylabel("RULER score")

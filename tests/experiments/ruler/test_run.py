@@ -41,11 +41,11 @@ def test_the_training_length_is_read_from_the_recorded_overrides():
 def test_the_table_has_a_row_per_variant_and_task_with_lengths_as_multiples_and_the_plot_is_written(tmp_path):
     table = run.markdown(RESULTS, 256)
     lines = table.splitlines()
-    assert lines[0] == "| variant | task | 256 (1x) | 512 (2x) |"
-    assert "| one_seed | niah_single_1 | 1.00 [0.00, 1.00] | 0.20 [0.10, 0.30] |" in lines
-    assert "| one_seed | niah_multikey_1 | 0.50 [0.20, 0.80] | – |" in lines
-    assert "| two_seeds | niah_single_1 | 0.60 [0.40, 0.80] | 0.25 [0.00, 0.50] |" in lines
-    assert any(line.startswith("| not_run | (no evaluation) |") for line in lines)
+    assert lines[0] == "| variant | seeds | task | 256 (1x) | 512 (2x) |"
+    assert "| one_seed | 1 | niah_single_1 | 1.00 [0.00, 1.00] | 0.20 [0.10, 0.30] |" in lines
+    assert "| one_seed | 1 | niah_multikey_1 | 0.50 [0.20, 0.80] | – |" in lines
+    assert "| two_seeds | 2 | niah_single_1 | 0.60 [0.40, 0.80] | 0.25 [0.00, 0.50] |" in lines
+    assert any(line.startswith("| not_run | 0 | (no evaluation) |") for line in lines)
     assert "2 examples per depth at depths [0, 1], prompt seed 42; trained on rows of 256 tokens" in table
     assert run.plot(RESULTS, 256, tmp_path / "plot.png")
     assert (tmp_path / "plot.png").stat().st_size > 1000
