@@ -88,8 +88,8 @@ def markdown(results: dict, length: int) -> str:
     return ("\n".join(lines) + f"\n\nScore: the fraction of references in the greedy continuation (RULER's "
             f"string_match_all), mean over the variant's evaluated seeds (seeds: how many); [low, high]: with one "
             f"seed the 95 % bootstrap interval over the cell's examples, else the range over seeds. "
-            f"{evaluation['per_depth']} examples per depth at depths {evaluation['depths']}, prompt seed {evaluation['seed']}; trained on rows "
-            f"of {length} tokens.\n")
+            f"{evaluation['per_depth']} examples per depth at depths {evaluation['depths']}, prompt seed "
+            f"{evaluation['seed']}; trained on rows of {length} tokens.\n")
 
 
 def plot(results: dict, length: int, path: Path) -> bool:
