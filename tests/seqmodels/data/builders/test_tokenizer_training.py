@@ -50,3 +50,26 @@ def test_refuses_to_overwrite_and_bad_inputs(tmp_path, capsys):
         train_bpe(str(tmp_path / "missing"), 300, str(tmp_path / "x"))
     with pytest.raises(ValueError, match="no string field 'body'"):
         list(iter_texts([corpus + "/train.jsonl"], "body"))
+
+
+def test_split_digits_gives_every_digit_a_token_of_its_own_and_still_round_trips(tmp_path):
+    numbers = [f"The value for key-{i} is: {4297058 + 7919 * i}. It was 1999 and 2024 then." for i in range(200)]
+    corpus = tmp_path / "numbers.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in numbers))
+    split = get_tokenizer(f"hf:{train_bpe(str(corpus), 400, str(tmp_path / 'split'), split_digits=True)}")
+    merged = get_tokenizer(f"hf:{train_bpe(str(corpus), 400, str(tmp_path / 'merged'))}")
+    text = "is: 4297058. In 2024, 31 of 1999."
+    pieces = [split.decode([i]) for i in split.encode(text)]
+    digit_pieces = [piece for piece in pieces if any(c.isdigit() for c in piece)]
+    assert "".join(digit_pieces) == "4297058202431" + "1999" and all(len(piece) == 1 for piece in digit_pieces)
+    assert any(len(merged.decode([i]).strip()) > 1 and merged.decode([i]).strip().isdigit() for i in merged.encode(text))
+    for tokenizer in (split, merged):
+        assert tokenizer.decode(tokenizer.encode(text)) == text
+    training = json.loads((tmp_path / "split" / "training.json").read_text())
+    assert training["split_digits"] is True
+    assert json.loads((tmp_path / "merged" / "training.json").read_text())["split_digits"] is False
+    assert main(["train", "--input", str(corpus), "--vocab-size", "400", "--split-digits",
+                 "--out", str(tmp_path / "again")]) == 0
+    assert (tmp_path / "again" / "tokenizer.json").read_bytes() == (tmp_path / "split" / "tokenizer.json").read_bytes()
+    with pytest.raises(ValueError, match="split_digits must be a bool"):
+        train_bpe(str(corpus), 400, str(tmp_path / "x"), split_digits="yes")
