@@ -70,6 +70,8 @@ def run_all(specs, jobs: int, time_limit_minutes: float) -> list[dict]:
 
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    from seqmodels.compilation import use_compilation_cache
+    from seqmodels.config_base import ConfigError
     from seqmodels.sweeps.report import collect, write_report
     from seqmodels.sweeps.runner import run_specs
     from seqmodels.sweeps.spec import SweepError, load_sweep
@@ -78,9 +80,10 @@ def main(argv=None) -> int:
         print(f"error: --jobs must be >= 1, got {args.jobs}", file=sys.stderr)
         return EXIT_USAGE
     try:
+        use_compilation_cache()  # checked before any run starts; each run and evaluation uses the same directory
         sweep = load_sweep(args.sweep)
         selected = [sweep.variant(name).name for name in args.only] or [v.name for v in sweep.variants]
-    except SweepError as error:
+    except (SweepError, ConfigError) as error:
         print(f"error: {error}; nothing was run", file=sys.stderr)
         return EXIT_USAGE
     specs = run_specs(sweep, Path(args.runs_dir))

@@ -251,7 +251,9 @@ def _main(argv) -> int:
     from seqmodels.runs.load import load_run
     run_dir = Path(args.run)
     out = Path(args.out) if args.out else run_dir / "eval.json"
+    from seqmodels.compilation import use_compilation_cache
     try:
+        use_compilation_cache()  # SEQMODELS_COMPILATION_CACHE, else ~/.cache/seqmodels/xla
         suites, args.lengths_list = check_args(args)
         check_out(out)
         config, model, step = load_run(run_dir, step=args.step)

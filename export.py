@@ -69,11 +69,13 @@ def main(argv=None) -> int:
 
 def _main(argv) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    from seqmodels.compilation import use_compilation_cache
     from seqmodels.config import ConfigError
     from seqmodels.errors import HFFormatError
     from seqmodels.hf.export import export_run
     from seqmodels.runs.checkpoints import CheckpointError
     try:
+        use_compilation_cache()  # SEQMODELS_COMPILATION_CACHE, else ~/.cache/seqmodels/xla
         out, step = export_run(args.run, args.out, step=args.step, dtype=args.dtype, force=args.force,
                                format_name=args.format)
     except (HFFormatError, CheckpointError, ConfigError) as error:

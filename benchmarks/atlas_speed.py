@@ -179,6 +179,8 @@ def parse_args(argv):
 
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    from seqmodels.compilation import use_compilation_cache
+    use_compilation_cache()  # SEQMODELS_COMPILATION_CACHE, else ~/.cache/seqmodels/xla ('' = none)
     shape = SMALL if args.small else CPU if args.cpu else FULL
     report = {"device": jax.devices()[0].device_kind, "backend": jax.default_backend(), "shape": shape,
               "jax": jax.__version__, "models": {}}

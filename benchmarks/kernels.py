@@ -86,6 +86,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--impls", default=None, help="comma-separated subset of function names to run")
     parser.add_argument("--out", default=None, help="JSON file for the records")
     args = parser.parse_args(argv)
+    from seqmodels.compilation import use_compilation_cache
+    use_compilation_cache()  # SEQMODELS_COMPILATION_CACHE, else ~/.cache/seqmodels/xla ('' = none)
 
     unknown = sorted(set(args.ops.split(",")) - set(CASE_BUILDERS))
     if unknown:

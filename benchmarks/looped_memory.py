@@ -62,6 +62,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=str(RESULTS / "looped_memory"))
     parser.add_argument("overrides", nargs="*", help="dotted config overrides")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    from seqmodels.compilation import use_compilation_cache
+    use_compilation_cache()  # SEQMODELS_COMPILATION_CACHE, else ~/.cache/seqmodels/xla ('' = none)
     from seqmodels.config_io import load_config
     from seqmodels.models.looped import num_padding
     config = load_config(args.config, args.overrides)

@@ -107,6 +107,8 @@ def main(argv=None) -> int:
     parser.add_argument("--only", default="", help="comma-separated function names to time (default: all)")
     parser.add_argument("--out", default=str(RESULTS / "muonssm_cost.json"))
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    from seqmodels.compilation import use_compilation_cache
+    use_compilation_cache()  # SEQMODELS_COMPILATION_CACHE, else ~/.cache/seqmodels/xla ('' = none)
     shape = (1, 64, 2, 16) if args.small else tuple(int(x) for x in args.shape.split(","))
     inputs = make_inputs(*shape)
     table = functions(16 if args.small else args.chunk_size)

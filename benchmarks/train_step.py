@@ -155,6 +155,8 @@ def parse_args(argv):
 
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    from seqmodels.compilation import use_compilation_cache
+    use_compilation_cache()  # SEQMODELS_COMPILATION_CACHE, else ~/.cache/seqmodels/xla ('' = none)
     if args.case:
         mixer, impl, seq_len = args.case.split(":")
         print(json.dumps(run_case(args, mixer, impl, int(seq_len))))

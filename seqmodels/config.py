@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import seqmodels.mixers  # noqa: F401  (imports every mixer module: each registers its sections)
+from seqmodels.compilation import default_compilation_cache
 from seqmodels.config_base import (MAX_BATCH, MAX_SEED, MAX_STEPS, ConfigError, KernelImpl, _require,
                                    _require_at_least, _require_at_most, _require_choices, describe)
 from seqmodels.config_data import (  # noqa: F401  (the data section, re-exported here)
@@ -106,6 +107,10 @@ class TrainConfig:
         "stop (before saving) after this many consecutive anomalous steps: zero gradient norm, or loss more than "
         "train.guard_sigma running standard deviations above its running mean; 0 = off", 4)
     guard_sigma: float = describe("loss spike threshold of the guard, in running standard deviations", 6.0)
+    compilation_cache: str = describe(
+        "directory of the persistent XLA compilation cache (a resumed or repeated run reads its compiled programs "
+        "back); '' = off; default $SEQMODELS_COMPILATION_CACHE, else ~/.cache/seqmodels/xla",
+        factory=default_compilation_cache)
 
     def __post_init__(self):
         _require_at_least(self, "train", steps=1, batch_size=1, grad_accum=1, seed=0)

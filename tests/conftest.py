@@ -8,8 +8,17 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # LAPACK calls (the delta-rule triangular solves) with multi-threaded OpenBLAS spin-wait on a busy
 # CPU and run ~1000x slower; XLA's own thread pool is unaffected.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-# No persistent compilation cache: the suite has no use for it, and a worker that runs out of memory
-# mappings (see `_release_compiled_executables`) crashed inside LoadedExecutable.serialize while writing it.
+# One persistent XLA compilation cache for the whole session (seqmodels.compilation): every xdist worker,
+# every test that trains or evaluates in-process, and every train.py / eval.py / export.py a test starts
+# (they inherit SEQMODELS_COMPILATION_CACHE) read and write the same directory, so a program the suite built
+# once (the tiny model's train step, say) is read back by every later test that builds it. It lives under
+# the clone, so a clean clone (CI) starts cold; clear it with `rm -rf .cache/xla-tests` (to time the suite
+# as CI does, for example). The user's own cache (~/.cache/seqmodels/xla) is never touched. Writing it is safe
+# now that `_release_compiled_executables` keeps a worker under its memory-mapping limit (a worker past it
+# once crashed inside LoadedExecutable.serialize, while writing an entry).
+_TEST_COMPILATION_CACHE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".cache",
+                                       "xla-tests")
+os.environ["SEQMODELS_COMPILATION_CACHE"] = _TEST_COMPILATION_CACHE
 # transformers copies an export's remote-code modules into this cache when loading it; one per test process,
 # so two workers never write and import the same copies at once.
 os.environ["HF_MODULES_CACHE"] = tempfile.mkdtemp(prefix="hf_modules_")  # not inherited: xdist workers each set theirs
@@ -19,6 +28,10 @@ import random  # noqa: E402
 import signal  # noqa: E402
 
 import pytest  # noqa: E402
+
+from seqmodels.compilation import use_compilation_cache  # noqa: E402
+
+use_compilation_cache(_TEST_COMPILATION_CACHE)  # also the programs tests compile without an entry point
 
 # A suite started in the background by a non-interactive shell (`pytest ... &`, `nohup`) inherits SIGINT and
 # SIGQUIT ignored, and so would every run a test starts: the tests that interrupt a run (tests/reliability,

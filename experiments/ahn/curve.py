@@ -152,6 +152,8 @@ def plot(runs: dict[str, tuple[list[dict], list[dict]]], comparisons: list[dict]
 
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    from seqmodels.compilation import use_compilation_cache
+    use_compilation_cache()  # SEQMODELS_COMPILATION_CACHE, else ~/.cache/seqmodels/xla ('' = none)
     out = Path(args.out)
     existing = [str(out / name) for name in OUTPUTS if (out / name).exists()]
     if existing:

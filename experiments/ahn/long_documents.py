@@ -59,6 +59,8 @@ def keep_long(source: Path, target: Path, *, min_chars: int, field: str) -> dict
 
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    from seqmodels.compilation import use_compilation_cache
+    use_compilation_cache()  # SEQMODELS_COMPILATION_CACHE, else ~/.cache/seqmodels/xla ('' = none)
     source, out = Path(args.input), Path(args.out)
     missing = [str(source / f"{split}.jsonl") for split in SPLITS if not (source / f"{split}.jsonl").is_file()]
     if missing:

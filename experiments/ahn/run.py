@@ -117,6 +117,8 @@ def plot(results: dict, path: Path) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    from seqmodels.compilation import use_compilation_cache
+    use_compilation_cache()  # SEQMODELS_COMPILATION_CACHE, else ~/.cache/seqmodels/xla ('' = none)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     log_file = open(out / "run.log", "a")

@@ -131,10 +131,11 @@ def run_worker(args) -> int:
 
 def worker_env(cache: Path) -> dict[str, str]:
     """A worker's environment: single-threaded XLA, then the caller's ``XLA_FLAGS`` (a later flag wins, so
-    e.g. ``--xla_force_host_platform_device_count=2`` gives each worker two devices), a shared compilation cache."""
+    e.g. ``--xla_force_host_platform_device_count=2`` gives each worker two devices), and the project's
+    compilation cache (``seqmodels.compilation``) in ``cache``, shared by the workers."""
+    from seqmodels.compilation import ENVIRONMENT_VARIABLE
     flags = f"{SINGLE_THREAD_FLAGS} {os.environ.get('XLA_FLAGS', '')}".strip()
-    return dict(os.environ, XLA_FLAGS=flags, PYTHONUNBUFFERED="1",
-                JAX_COMPILATION_CACHE_DIR=str(cache), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+    return dict(os.environ, XLA_FLAGS=flags, PYTHONUNBUFFERED="1", **{ENVIRONMENT_VARIABLE: str(cache)})
 
 
 def launch(args, names: list[str]) -> dict:
@@ -170,6 +171,8 @@ def launch(args, names: list[str]) -> dict:
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.worker:
+        from seqmodels.compilation import use_compilation_cache
+        use_compilation_cache()  # the driver's cache (worker_env); the evaluations' programs too
         return run_worker(args)
     from experiments.cfl.report import write_markdown, write_plot
     names = [n.strip() for n in args.variants.split(",") if n.strip()]

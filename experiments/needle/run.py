@@ -141,6 +141,8 @@ def merged_report(report: dict, previous: dict) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    from seqmodels.compilation import use_compilation_cache
+    use_compilation_cache()  # SEQMODELS_COMPILATION_CACHE, else ~/.cache/seqmodels/xla ('' = none)
     if args.report_only:
         report = json.loads((Path(args.out) / "needle.json").read_text())
         (Path(args.out) / "needle.md").write_text(markdown(report))

@@ -178,6 +178,8 @@ def _run_all(args, variants, settings):
 
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    from seqmodels.compilation import use_compilation_cache
+    use_compilation_cache()  # SEQMODELS_COMPILATION_CACHE, else ~/.cache/seqmodels/xla ('' = none)
     if args.jobs < 1:
         raise SystemExit(f"error: --jobs must be >= 1, got {args.jobs}")
     variants, settings = parse_variants(args.mixers), parse_settings(args.settings)

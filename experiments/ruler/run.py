@@ -133,6 +133,8 @@ def main(argv=None) -> int:
     parser.add_argument("--only", action="append", default=[], metavar="VARIANT", help="ablate.py --only")
     parser.add_argument("--report-only", action="store_true", help="ablate.py --report-only: run nothing")
     args = parser.parse_args(argv)
+    from seqmodels.compilation import use_compilation_cache
+    use_compilation_cache()  # SEQMODELS_COMPILATION_CACHE, else ~/.cache/seqmodels/xla ('' = none)
     sys.path.insert(0, str(ROOT))
     import ablate
     ablate_args = ["--sweep", args.sweep, "--jobs", str(args.jobs), "--results-dir", str(RESULTS.relative_to(ROOT))]

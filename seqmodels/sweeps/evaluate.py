@@ -96,10 +96,12 @@ def main(argv=None) -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--last-only", action="store_true", help="evaluate the last checkpoint only")
     args = parser.parse_args(argv)
+    from seqmodels.compilation import use_compilation_cache
     from seqmodels.config import ConfigError
     from seqmodels.data.errors import DataError
     from seqmodels.runs.checkpoints import CheckpointError
     try:
+        use_compilation_cache()  # the sweep's other evaluations compiled the same programs: read back
         results = evaluate_run(Path(args.run), json.loads(args.settings), last_only=args.last_only)
     except (ConfigError, DataError, CheckpointError, ValueError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)

@@ -21,6 +21,7 @@ from pathlib import Path
 import jax
 from flax import nnx
 
+from seqmodels.compilation import CompileRecord, use_compilation_cache
 from seqmodels.config import Config, ConfigError
 from seqmodels.config_io import save_config, to_dict
 from seqmodels.data.pipeline import describe_source, make_train_dataset, required_vocab_size
@@ -146,6 +147,10 @@ def train(config: Config, stop: StopFlag | None = None) -> dict:
     """
     own_stop, stop = stop is None, stop or StopFlag()  # a caller's flag stays the caller's to restore
     try:
+        try:
+            cache_dir = use_compilation_cache(config.train.compilation_cache)
+        except ConfigError as error:
+            raise ConfigError(f"train.compilation_cache: {error}") from None
         mesh = _make_mesh(config)
         validate(config, mesh)
         batch_sharding = sequence_batch_sharding(mesh)
@@ -158,8 +163,9 @@ def train(config: Config, stop: StopFlag | None = None) -> dict:
             checkpointer, choice, incomplete = _open_checkpoints(config)
             checkpointer = checkpointer or Checkpointer(config.train.run_dir, config.checkpoint)
             try:
-                with jax.set_mesh(mesh):
-                    return _run(config, mesh, iterator, checkpointer, choice, incomplete, stop, batch_sharding)
+                with jax.set_mesh(mesh), CompileRecord(cache_dir) as compiles:
+                    return _run(config, mesh, iterator, checkpointer, choice, incomplete, stop, batch_sharding,
+                                compiles)
             finally:
                 checkpointer.close()
     finally:
@@ -171,8 +177,9 @@ class _StepRecorder:
     """Checks each step's metrics for NaN/inf, keeps the losses, and logs every ``log.every_steps``."""
 
     def __init__(self, config: Config, logger: MetricsLogger, *, start: int, last_step: int, num_devices: int,
-                 checkpoint_dir):
+                 checkpoint_dir, compiles: CompileRecord):
         self.config, self.logger, self.last_step = config, logger, last_step
+        self.compiles, self.compile_metrics = compiles, {}
         self.checkpoint_dir, self.last_saved = checkpoint_dir, start or None
         self.tokens_per_step = config.train.batch_size * config.data.seq_len
         self.flops_per_token = flops_per_token(config.model, config.data.seq_len)
@@ -181,6 +188,12 @@ class _StepRecorder:
         self.losses: dict[int, float] = {}
         self.guard = CollapseGuard(config.train.guard_steps, config.train.guard_sigma)
         self.clock = (time.perf_counter(), start)
+
+    def compiled(self) -> None:
+        """Log what the first step's compiles cost and whether the persistent cache served them; the first
+        metrics row written carries the same numbers (``compile_seconds``, ``cache_served``, ...)."""
+        self.logger.message(self.compiles.describe())
+        self.compile_metrics = self.compiles.as_metrics()
 
     def _kept(self) -> str:
         return f"step {self.last_saved} in {self.checkpoint_dir}" if self.last_saved else "none was saved yet"
@@ -212,13 +225,15 @@ class _StepRecorder:
         values.update(tokens_per_second=tokens_per_second,
                       step_time=(now - since[0]) / max(step - since[1], 1),
                       mfu=mfu(tokens_per_second, self.flops_per_token, self.peak, self.num_devices))
+        values.update(self.compile_metrics)
+        self.compile_metrics = {}
         self.clock = (now, step)
         self.logger.log(step, values)
         self.logger.advance(step, values["loss"], tokens_per_second)
 
 
 def _run(config: Config, mesh, iterator, checkpointer: Checkpointer, choice, incomplete: dict[int, str],
-         stop: StopFlag, batch_sharding) -> dict:
+         stop: StopFlag, batch_sharding, compiles: CompileRecord) -> dict:
     _, abstract_state = abstract_model(config.model, config.train.seed)
     trainable = trainable_filter(config.model)
     shapes = jax.tree.map(lambda x: tuple(x.shape), nnx.to_pure_dict(abstract_state))
@@ -249,7 +264,7 @@ def _run(config: Config, mesh, iterator, checkpointer: Checkpointer, choice, inc
         f"{describe_source(config.data)}; mesh {dict(mesh.shape)}; "
         f"{'resuming from step ' + str(start) if start else 'starting'} towards step {last_step}")
     recorder = _StepRecorder(config, logger, start=start, last_step=last_step, num_devices=mesh.size,
-                             checkpoint_dir=checkpointer.directory)
+                             checkpoint_dir=checkpointer.directory, compiles=compiles)
     try:
         interrupted_by = _steps(config, state, step_fn, iterator, batch_sharding, checkpointer, recorder, stop,
                                 range(start + 1, last_step + 1), topology)
@@ -262,7 +277,7 @@ def _run(config: Config, mesh, iterator, checkpointer: Checkpointer, choice, inc
     steps = sorted(losses)
     return {"start_step": start, "end_step": steps[-1] if steps else start, "losses": losses,
             "first_loss": losses[steps[0]] if steps else None, "last_loss": losses[steps[-1]] if steps else None,
-            "interrupted_by": interrupted_by, "last_saved": recorder.last_saved}
+            "interrupted_by": interrupted_by, "last_saved": recorder.last_saved, "compiles": compiles.as_metrics()}
 
 
 def _topology_text(topology: dict) -> str:
@@ -294,6 +309,8 @@ def _steps(config: Config, state, step_fn, iterator, batch_sharding, checkpointe
     interrupted_by, agreed = None, AgreedStop(stop)
     for step in steps:
         state, metrics = step_fn(state, global_batch(next(iterator), batch_sharding, config.train.batch_size))
+        if step == steps[0]:
+            recorder.compiled()  # the train step is compiled (or read back) before its first dispatch returns
         stopping = agreed.should_stop(step)  # the same answer on every process
         if pending is not None:
             recorder.record(*pending)  # the previous step's metrics, read while this one runs

@@ -19,12 +19,12 @@ from seqmodels.optim.schedules import learning_rate_schedule
 from seqmodels.runs.checkpoint_check import newest_complete
 from seqmodels.runs.checkpoints import CheckpointError
 
-# Keys (or sections, ending in '.') a resume may change without being asked: where the run lives, when
-# this process stops, how the collapse guard watches, how checkpoints are kept, how metrics are shown
-# and the topology it runs on.
+# Keys (or sections, ending in '.') a resume may change without being asked: where the run lives, where its
+# compiled programs are cached, when this process stops, how the collapse guard watches, how checkpoints are
+# kept, how metrics are shown and the topology it runs on.
 # The mesh too: the global batches do not depend on it, and the state is restored onto the new one.
-RESUMABLE_KEYS = ("train.run_dir", "train.exit_at_step", "train.guard_steps", "train.guard_sigma", "checkpoint.",
-                  "log.", "mesh.")
+RESUMABLE_KEYS = ("train.run_dir", "train.compilation_cache", "train.exit_at_step", "train.guard_steps",
+                  "train.guard_sigma", "checkpoint.", "log.", "mesh.")
 
 
 def check_allow_changes(allowed: tuple[str, ...]) -> None:

@@ -73,7 +73,7 @@ def test_driver_writes_accuracy_per_language_length_and_variant(tmp_path):
 def test_driver_workers_are_single_threaded_and_keep_the_callers_xla_flags(tmp_path, monkeypatch):
     monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
     env = run.worker_env(tmp_path / "cache")
-    assert env["XLA_FLAGS"].startswith(run.SINGLE_THREAD_FLAGS) and env["JAX_COMPILATION_CACHE_DIR"].endswith("cache")
+    assert env["XLA_FLAGS"].startswith(run.SINGLE_THREAD_FLAGS) and env["SEQMODELS_COMPILATION_CACHE"].endswith("cache")
     # A token XLA cannot parse (once a bare "intra_op_parallelism_threads=1") drops the flags after it.
     probe = subprocess.run([sys.executable, "-c", "import jax; print(jax.device_count())"],
                            env=dict(env, JAX_PLATFORMS="cpu"), capture_output=True, text=True, timeout=300)
