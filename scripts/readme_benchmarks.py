@@ -1,4 +1,5 @@
-"""README tables of the benchmarks: TPU ahead-of-time compiles, export parity, the H200 anchors."""
+"""README tables of the benchmarks: TPU ahead-of-time compiles, export parity, the H200 anchors, the
+compilation cache."""
 
 from __future__ import annotations
 
@@ -27,6 +28,22 @@ def tpu_aot() -> str:
                      step_tflops(row), str(row["mosaic_kernels"]), f"{row['compile_seconds']:.0f}"])
     return compact_table(["arch", "size", "topology", "params", "temps GiB", "peak GiB", "TFLOPs / chip / step",
                      "Mosaic calls", "compile s"], rows)
+
+
+COMPILATION_CACHE = "benchmarks/results/compilation_cache.json"
+
+
+def compilation_cache() -> str:
+    """benchmarks/results/compilation_cache.json: per case, the medians over its cold-warm pairs of the compile
+    seconds the run logged and of the whole 1-step process, the warm / cold compile ratio, and whether every
+    warm first loss was bitwise the cold one's."""
+    results = load_json(COMPILATION_CACHE)
+    rows = [[name, f"{case['cold_compile_seconds']:.2f}", f"{case['warm_compile_seconds']:.2f}",
+             f"{case['compile_ratio']:.3f}", f"{case['cold_process_seconds']:.1f}", f"{case['warm_process_seconds']:.1f}",
+             "yes" if case["losses_bitwise_equal"] else "no"]
+            for name, case in results["cases"].items()]
+    return compact_table([f"case (median of {results['repeats']})", "compile s, cold", "compile s, warm",
+                          "warm / cold", "1-step process s, cold", "warm", "same loss bitwise"], rows)
 
 
 PARITY = "results/export_parity/parity.json"

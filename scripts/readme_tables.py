@@ -18,7 +18,10 @@ import argparse
 import re
 import sys
 
-from readme_benchmarks import ANCHOR_FILES, PARITY, TPU_AOT, anchors, export_parity, export_parity_looped, tpu_aot
+from readme_benchmarks import (
+    ANCHOR_FILES, COMPILATION_CACHE, PARITY, TPU_AOT, anchors, compilation_cache, export_parity, export_parity_looped,
+    tpu_aot,
+)
 from readme_cfl import (
     CFL, CFL_BATCH128, CFL_BATCH256, CFL_CONTINUED, CFL_CONTINUED_HELDOUT, CFL_HELDOUT, CFL_HELDOUT_BATCH256,
     CFL_LENGTHS_TO_12, CFL_RECIPES, cfl_batch128, cfl_batch256, cfl_continued, cfl_continued_heldout, cfl_grid,
@@ -95,6 +98,7 @@ TABLES = {
             recall_eta))},
     "tpu-aot": ("benchmarks/results/tpu_aot/README.md", (TPU_AOT,), tpu_aot),
     "anchors": ("benchmarks/anchors/README.md", ANCHOR_FILES, anchors),
+    "compilation-cache": ("README.md", (COMPILATION_CACHE,), compilation_cache),
     "export-parity": ("README.md", (PARITY,), export_parity),
     "export-parity-looped": ("README.md", (PARITY,), export_parity_looped),
 }

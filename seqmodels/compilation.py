@@ -8,9 +8,12 @@ compile.
 
 Where the cache lives: ``train.compilation_cache`` for ``train.py``; ``SEQMODELS_COMPILATION_CACHE`` for
 every entry point, benchmark and experiment (and as the default of ``train.compilation_cache``); else
-``~/.cache/seqmodels/xla``. An empty value turns the cache off. It keeps at most 8 GiB, deleting the programs
-read least recently. Clearing it is deleting the directory: nothing else refers to it, and the next process
-compiles afresh and fills it again.
+``~/.cache/seqmodels/xla``. An empty value turns the cache off. Clearing it is deleting the directory: nothing
+else refers to it, and the next process compiles afresh and fills it again.
+
+No size limit is set: with one, jax takes a file lock and reads the size and last use of every entry on every
+write, a cost that grows with the directory (the test suite writes about 5,000 programs a session). Without the
+lock, a process that reads an entry another is still writing gets a warning from jax and compiles it itself.
 
 ``CompileRecord`` listens to jax's monitoring events while it is open and sums what XLA spent on
 compiles (``/jax/core/compile/backend_compile_duration``, which includes reading an executable back from
@@ -26,10 +29,6 @@ from seqmodels.config_base import ConfigError
 
 ENVIRONMENT_VARIABLE = "SEQMODELS_COMPILATION_CACHE"
 DEFAULT_DIRECTORY = "~/.cache/seqmodels/xla"
-# Past this size the least recently read programs are deleted. A size limit also makes jax take a file lock
-# around each read and write, so processes sharing the directory (a sweep's runs, the test suite's workers)
-# never read a program another is still writing.
-MAX_BYTES = 8 * 2**30
 
 _BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
 _TRACE = "/jax/core/compile/jaxpr_trace_duration"
@@ -72,7 +71,6 @@ def use_compilation_cache(directory: str | None = None) -> Path | None:
         compilation_cache.reset_cache()  # jax opens its cache once per process: reopen it at the new place
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    jax.config.update("jax_compilation_cache_max_size", MAX_BYTES)
     return path
 
 

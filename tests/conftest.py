@@ -25,7 +25,9 @@ os.environ["HF_MODULES_CACHE"] = tempfile.mkdtemp(prefix="hf_modules_")  # not i
 
 import gc  # noqa: E402
 import random  # noqa: E402
+import shutil  # noqa: E402
 import signal  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
@@ -91,6 +93,37 @@ def write_corpus(directory, num_files: int = 24, seed: int = 0):
 def tiny_corpus(tmp_path):
     """A glob over a generated corpus of 24 small text files."""
     return str(write_corpus(tmp_path / "corpus") / "*.txt")
+
+
+def _file_times(directory: Path) -> dict:
+    return {str(path.relative_to(directory)): path.stat().st_mtime_ns for path in sorted(directory.rglob("*"))}
+
+
+@pytest.fixture(scope="session")
+def tiny_trained_run(tmp_path_factory, worker_id):
+    """``(run_dir, corpus_glob)``: the tiny run of ``tiny_overrides`` trained for 10 steps (checkpoints at steps 5
+    and 10) once per test session, whichever xdist worker asks first, behind a file lock.
+
+    Read-only for its readers: a test that changes the run (damages a checkpoint, resumes it, writes an
+    ``eval.json`` into it) copies it first (``shutil.copytree``). At the end of the session each worker checks
+    that no file of it changed, and fails naming the files that did."""
+    from filelock import FileLock
+
+    import train as train_entry
+    shared = tmp_path_factory.getbasetemp() if worker_id == "master" else tmp_path_factory.getbasetemp().parent
+    root = shared / "tiny_trained_run"
+    with FileLock(str(root) + ".lock"):
+        if not (root / "complete").exists():
+            shutil.rmtree(root, ignore_errors=True)
+            corpus = str(write_corpus(root / "corpus") / "*.txt")
+            assert train_entry.main(tiny_overrides(root / "run", corpus, train__steps=10)) == 0
+            (root / "complete").touch()
+    run_dir = root / "run"
+    before = _file_times(run_dir)
+    yield run_dir, str(root / "corpus" / "*.txt")
+    after = _file_times(run_dir)
+    changed = sorted(name for name in before.keys() | after.keys() if before.get(name) != after.get(name))
+    assert not changed, f"a test changed the shared tiny_trained_run (copy it before changing it): {changed[:10]}"
 
 
 def tiny_overrides(run_dir, corpus_glob, **extra):

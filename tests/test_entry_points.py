@@ -2,6 +2,7 @@
 
 import json
 import math
+import shutil
 
 import jax.numpy as jnp
 import numpy as np
@@ -9,18 +10,17 @@ import pytest
 
 import eval as eval_entry
 import train as train_entry
-from conftest import tiny_overrides, write_corpus
+from conftest import tiny_overrides
 from seqmodels.data.pipeline import make_eval_batches
 from seqmodels.runs.load import load_run
 
 
-@pytest.fixture(scope="module")
-def trained_run(tmp_path_factory):
-    root = tmp_path_factory.mktemp("entry")
-    corpus = str(write_corpus(root / "corpus") / "*.txt")
-    run_dir = root / "run"
-    assert train_entry.main(tiny_overrides(run_dir, corpus, train__steps=10)) == 0
-    return run_dir, corpus
+@pytest.fixture
+def trained_run(tiny_trained_run, tmp_path):
+    """A copy of the session's tiny run (10 steps): these tests write into it or try to."""
+    run_dir, corpus = tiny_trained_run
+    shutil.copytree(run_dir, tmp_path / "run")
+    return tmp_path / "run", corpus
 
 
 def snapshot(directory):

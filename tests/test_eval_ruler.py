@@ -10,7 +10,6 @@ from conftest import tiny_overrides, write_corpus
 
 
 pytestmark = pytest.mark.xdist_group("ruler")  # one worker builds the module's trained run once
-STEPS_TO_LEARN = 800
 
 
 @pytest.fixture(scope="module")
@@ -65,48 +64,3 @@ def test_the_sweep_evaluation_runs_the_ruler_suite_and_gives_the_loss_an_interva
     assert low <= results["curve"][-1]["loss"] <= high
     assert results["perplexity"]["interval"]["units_are"] == "documents"
     assert results["ruler"]["tasks"]["niah_single_1"]["by_length"]["512"]["examples"] == 2
-
-
-@pytest.mark.slow
-def test_a_full_attention_model_trained_on_the_tasks_format_learns_it_at_a_short_length(tmp_path):
-    """A 2-layer Transformer++ (d_model 128, a short convolution of 4 over q, k, v) trained on ``data.source=ruler``
-    rows of ``niah_single_1`` at 192 tokens finds the needle in held-out prompts of that length, in at least one of
-    three seeds tried in turn: greedy decoding scored as the suite scores it reaches 0.6 or more over 20 prompts at
-    5 depths, where a guessed 7-digit value scores 0. The tokens are a 512-token BPE trained on the task's own
-    text (byte rows of 512, decoded) with every digit a token of its own (``split_digits``, as SmolLM2's
-    tokenizer): 192 of them hold the template and about three haystack lines, so the needle's place varies with
-    its depth. 800 steps of 16 rows, learning rate 1e-2 with cosine decay from step 0.
-
-    Why seeds in turn: this model leaves its plateau (answer loss about 1.6, the format without the value) at a
-    step that varies with the seed and, for one seed, with the machine's floating-point detail: the previous
-    recipe scored 0.95 here and 0.25 on the CI machine at the same seed. Probes of this recipe at ``train.seed``
-    0-5 (2026-12-06, one thread each; seed 0 also as this test, identical): 0.95 / 0.95 / 0.85 / 0.80 / 0.00 /
-    0.60 (seed 4 never left the plateau, seed 5 left it last, at step 400-500); the chance that three seeds all
-    stay on it is small where one seed's is not. Longer cosine schedules did not make a single seed reliable
-    (1,600 steps: seed 0 0.45, seed 4 0.50, seed 1 0.95). Digits are split because a BPE that merges them
-    (``' 4'``, ``'29'``, ...) adds a second plateau near 0.3, the value copied and its first token guessed
-    (``3232176`` -> ``4232176``). experiments/ruler/README.md has the probes."""
-    from seqmodels.data.builders.ruler_text import write_ruler_texts
-    from seqmodels.data.builders.tokenizer import train_bpe
-    texts = write_ruler_texts(["niah_single_1"], 900, 512, str(tmp_path / "task.jsonl"))
-    tokenizer_dir = train_bpe(texts, 512, str(tmp_path / "tokenizer"), split_digits=True)
-    cells = {}
-    for seed in range(3):
-        run_dir = tmp_path / f"run_{seed}"
-        overrides = {"model.d_model": 128, "model.num_heads": 8, "model.mixers": "[attention] * 2",
-                     "model.attention.conv_kernel": 4, "model.vocab_size": 512, "model.max_seq_len": 192,
-                     "data.source": "ruler", "data.tokenizer": f"hf:{tokenizer_dir}", "data.seq_len": 191,
-                     "train.batch_size": 16, "train.steps": STEPS_TO_LEARN, "train.seed": seed,
-                     "optim.learning_rate": 1e-2, "optim.schedule": "cosine", "optim.warmup_steps": 0,
-                     "train.run_dir": str(run_dir), "log.progress": "never", "checkpoint.every_steps": STEPS_TO_LEARN,
-                     "checkpoint.async_save": False,
-                     "train.guard_steps": 0}  # the loss of 16 answers spikes when one is wrong: save the last step
-        assert train_entry.main([f"{key}={value}" for key, value in overrides.items()]) == 0
-        out = run_dir / "eval.json"
-        assert eval_entry.main(["--run", str(run_dir), "--suites", "ruler", "--lengths", "192", "--ruler-tasks",
-                                "niah_single_1", "--ruler-examples", "4", "--batch-size", "10", "--out", str(out)]) == 0
-        cells[seed] = json.loads(out.read_text())["ruler"]["tasks"]["niah_single_1"]["by_length"]["192"]
-        assert cells[seed]["examples"] == 20
-        if cells[seed]["score"] >= 0.6:
-            break
-    assert max(cell["score"] for cell in cells.values()) >= 0.6, {seed: cell["score"] for seed, cell in cells.items()}

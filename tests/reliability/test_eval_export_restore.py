@@ -9,8 +9,6 @@ import pytest
 
 import eval as eval_entry
 import export as export_entry
-import train as train_entry
-from conftest import tiny_overrides, write_corpus
 from reliability_helpers import one_paragraph_error, snapshot, truncate, truncate_data_files
 from seqmodels.runs.checkpoints import RunCheckpoints
 
@@ -22,14 +20,10 @@ DAMAGE = {
 }
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    """A run with checkpoints at steps 5 and 10."""
-    root = tmp_path_factory.mktemp("restore")
-    corpus = str(write_corpus(root / "corpus") / "*.txt")
-    run_dir = root / "run"
-    assert train_entry.main(tiny_overrides(run_dir, corpus, train__steps=10)) == 0
-    return run_dir
+@pytest.fixture
+def run(tiny_trained_run):
+    """The session's tiny run (checkpoints at steps 5 and 10; read-only: tests that change it copy it)."""
+    return tiny_trained_run[0]
 
 
 def _copy(run, tmp_path) -> Path:
