@@ -13,17 +13,20 @@ about 1.6) comes at a step that varies with the seed and the machine's floating-
 test's recipe, revised"). This was a slow test of the suite until 2026-12-07: it is an experiment, and the suite
 checks that this driver runs and that ``format.md`` is what ``format.json`` gives.
 
-Writes ``<out>/format.json`` (the recipe, each seed's score, interval and final loss) and ``<out>/format.md``.
+Each seed trains and is scored in ``train.py`` and ``eval.py`` processes of its own (with the project's compilation
+cache, ``SEQMODELS_COMPILATION_CACHE``). Writes ``<out>/format.json`` (the recipe, each seed's score, interval and final loss) and ``<out>/format.md``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = Path(__file__).resolve().parent / "results" / "format"
 TASK, LENGTH = "niah_single_1", 192
 
@@ -41,16 +44,17 @@ def recipe(run_dir: Path, tokenizer_dir: str, seed: int, steps: int) -> dict:
 
 
 def train_and_score(root: Path, tokenizer_dir: str, seed: int, steps: int, examples: int) -> dict:
-    import eval as eval_entry
-    import train as train_entry
+    """``train.py`` then ``eval.py --suites ruler`` on one seed, each a process of its own; the seed's cell."""
     run_dir = root / f"run_{seed}"
     overrides = recipe(run_dir, tokenizer_dir, seed, steps)
-    if train_entry.main([f"{key}={value}" for key, value in overrides.items()]) != 0:
-        raise RuntimeError(f"seed {seed}: train.py failed (run directory {run_dir})")
     out = run_dir / "eval.json"
-    if eval_entry.main(["--run", str(run_dir), "--suites", "ruler", "--lengths", str(LENGTH), "--ruler-tasks", TASK,
-                        "--ruler-examples", str(examples), "--batch-size", "10", "--out", str(out)]) != 0:
-        raise RuntimeError(f"seed {seed}: eval.py failed (run directory {run_dir})")
+    for command in (["train.py", *(f"{key}={value}" for key, value in overrides.items())],
+                    ["eval.py", "--run", str(run_dir), "--suites", "ruler", "--lengths", str(LENGTH), "--ruler-tasks",
+                     TASK, "--ruler-examples", str(examples), "--batch-size", "10", "--out", str(out)]):
+        done = subprocess.run([sys.executable, str(ROOT / command[0]), *command[1:]], cwd=ROOT, capture_output=True,
+                              text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"seed {seed}: {command[0]} exited with {done.returncode}: {done.stderr[-2000:]}")
     cell = json.loads(out.read_text())["ruler"]["tasks"][TASK]["by_length"][str(LENGTH)]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return {"seed": seed, "score": cell["score"], "interval": cell["interval"], "prompts": cell["examples"],
@@ -86,10 +90,8 @@ def main(argv=None) -> int:
         print(f"error: --seeds must list integers (got {args.seeds!r}), --steps and --examples must be >= 1",
               file=sys.stderr)
         return 2
-    from seqmodels.compilation import use_compilation_cache
     from seqmodels.data.builders.ruler_text import write_ruler_texts
     from seqmodels.data.builders.tokenizer import train_bpe
-    use_compilation_cache()  # SEQMODELS_COMPILATION_CACHE, else ~/.cache/seqmodels/xla ('' = none)
     runs = []
     with tempfile.TemporaryDirectory(prefix="ruler_learn_format_") as scratch:
         root = Path(scratch)
