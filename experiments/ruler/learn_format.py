@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -103,7 +104,9 @@ def main(argv=None) -> int:
             if runs[-1]["score"] >= args.threshold:
                 break
     command = " ".join(["python", "experiments/ruler/learn_format.py", *(sys.argv[1:] if argv is None else argv)])
-    results = {"command": command, "task": TASK, "length": LENGTH, "steps": args.steps, "threshold": args.threshold,
+    environment = {name: os.environ.get(name, "") for name in ("XLA_FLAGS", "OPENBLAS_NUM_THREADS")}
+    results = {"command": command, "environment": environment, "task": TASK, "length": LENGTH, "steps": args.steps,
+               "threshold": args.threshold,
                "recipe": {key: value for key, value in recipe(Path("RUN"), "TOKENIZER", 0, args.steps).items()
                           if key not in ("train.run_dir", "train.seed")},
                "runs": runs, "learned": max(run["score"] for run in runs) >= args.threshold}
