@@ -2,9 +2,12 @@
 
 import json
 
+import pytest
+
 from experiments.ruler import learn_format as format_experiment
 
 
+@pytest.mark.slow  # a BPE trained, then a train.py and an eval.py process
 def test_the_driver_trains_a_seed_scores_it_on_every_depth_and_writes_its_table(tmp_path):
     out = tmp_path / "format"
     assert format_experiment.main(["--seeds", "0,1", "--steps", "2", "--examples", "1", "--threshold", "0",
