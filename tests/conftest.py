@@ -16,8 +16,8 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 # as CI does, for example). The user's own cache (~/.cache/seqmodels/xla) is never touched. Writing it is safe
 # now that `_release_compiled_executables` keeps a worker under its memory-mapping limit (a worker past it
 # once crashed inside LoadedExecutable.serialize, while writing an entry). Measured on 2 cores, idle, 2026-12-07:
-# the fast tier took 362 s with a cold cache and 374 s with none (in-process programs rarely repeat; train.py
-# processes that rebuild the same run do: the kill -9 test's eight processes took 64 s where they took 78 s).
+# the fast tier took 362 s with a cold cache and 374 s with none: programs compiled in-process rarely repeat,
+# while the train.py processes of one test that rebuild the same run read each other's programs back.
 _TEST_COMPILATION_CACHE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".cache",
                                        "xla-tests")
 os.environ["SEQMODELS_COMPILATION_CACHE"] = _TEST_COMPILATION_CACHE
