@@ -97,8 +97,9 @@ def tiny_corpus(tmp_path):
     return str(write_corpus(tmp_path / "corpus") / "*.txt")
 
 
-def _file_times(directory: Path) -> dict:
-    return {str(path.relative_to(directory)): path.stat().st_mtime_ns for path in sorted(directory.rglob("*"))}
+def snapshot(directory: Path) -> dict:
+    """Every path under ``directory`` with its modification time: equal snapshots = nothing was written."""
+    return {path.relative_to(directory): path.stat().st_mtime_ns for path in directory.rglob("*")}
 
 
 @pytest.fixture(scope="session")
@@ -121,10 +122,10 @@ def tiny_trained_run(tmp_path_factory, worker_id):
             assert train_entry.main(tiny_overrides(root / "run", corpus, train__steps=10)) == 0
             (root / "complete").touch()
     run_dir = root / "run"
-    before = _file_times(run_dir)
+    before = snapshot(run_dir)
     yield run_dir, str(root / "corpus" / "*.txt")
-    after = _file_times(run_dir)
-    changed = sorted(name for name in before.keys() | after.keys() if before.get(name) != after.get(name))
+    after = snapshot(run_dir)
+    changed = sorted(str(name) for name in before.keys() | after.keys() if before.get(name) != after.get(name))
     assert not changed, f"a test changed the shared tiny_trained_run (copy it before changing it): {changed[:10]}"
 
 

@@ -10,7 +10,7 @@ import pytest
 
 import eval as eval_entry
 import train as train_entry
-from conftest import tiny_overrides
+from conftest import snapshot, tiny_overrides
 from seqmodels.data.pipeline import make_eval_batches
 from seqmodels.runs.load import load_run
 
@@ -21,10 +21,6 @@ def trained_run(tiny_trained_run, tmp_path):
     run_dir, corpus = tiny_trained_run
     shutil.copytree(run_dir, tmp_path / "run")
     return tmp_path / "run", corpus
-
-
-def snapshot(directory):
-    return {p.relative_to(directory): p.stat().st_mtime_ns for p in directory.rglob("*")}
 
 
 def test_eval_reports_heldout_perplexity_and_loss_by_position(trained_run, capsys):
