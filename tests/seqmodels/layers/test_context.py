@@ -144,8 +144,8 @@ TITANS = AtlasConfig(window=1, chunk_size=8, poly_degree=1, ns_steps=0, memory_d
 WINDOWED = AtlasConfig(window=3, chunk_size=8, poly_degree=1, ns_steps=0, memory_depth=1, eta_range=(0.0, 0.2))
 ATLAS_SETTINGS = {"atlas_mag": TITANS, "atlas_mal": WINDOWED}
 
-# Measured at 20-47 s each on 2 busy cores (the chunked second-order and scan backwards compile slowly); their
-# recurrences are checked in the fast tier at the op level (test_state_passing.py).
+# Measured at 11-38 s each (one layer; atlas 86 s) on 2 cores at load 6 (the chunked second-order and scan
+# backwards compile slowly); their recurrences are checked in the fast tier at the op level (test_state_passing.py).
 # The Atlas mixers: their split op is checked in the fast tier in test_sequential_passing.py.
 SLOW_MIXERS = {"deltanet", "mamba2", "longhorn", "muonssm_mamba2", "muonssm_gated_deltanet", "muonssm_longhorn",
                "atlas", "atlas_mag", "atlas_mal"}
