@@ -134,10 +134,19 @@ def assert_split_equals_one_device(config, *, data):
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), grads, expected_grads)
 
 
-# Measured at 20-47 s each on 2 busy cores (the chunked second-order and scan backwards compile slowly); their
-# recurrences are checked in the fast tier at the op level (test_state_passing.py).
-# The Atlas mixers: 55-65 s each (their defaults: deep memory, Newton-Schulz, both meshes); their split op is
-# checked in the fast tier in test_sequential_passing.py.
+# The Atlas memory (atlas, and the memory branch of atlas_mag and atlas_mal) runs its shards in sequence
+# (seqmodels.layers.sequential_passing), one code path whatever its settings: atlas checks it at its defaults
+# (a deep memory, Newton-Schulz, one chunk of 16 per shard) on packed rows; the others at cheaper settings that
+# compile in a fraction of the time. TITANS: Titans' rule on a linear memory in chunks of 8, two per shard.
+TITANS = AtlasConfig(window=1, chunk_size=8, poly_degree=1, ns_steps=0, memory_depth=1, eta_range=(0.0, 0.5))
+# WINDOWED: the same linear memory with an Omega window of 3 tokens, whose state (the window's last tokens)
+# crosses the chunk and shard boundaries besides the memory and the momentum.
+WINDOWED = AtlasConfig(window=3, chunk_size=8, poly_degree=1, ns_steps=0, memory_depth=1, eta_range=(0.0, 0.2))
+ATLAS_SETTINGS = {"atlas_mag": TITANS, "atlas_mal": WINDOWED}
+
+# Measured at 11-38 s each (one layer; atlas 86 s) on 2 cores at load 6 (the chunked second-order and scan
+# backwards compile slowly); their recurrences are checked in the fast tier at the op level (test_state_passing.py).
+# The Atlas mixers: their split op is checked in the fast tier in test_sequential_passing.py.
 SLOW_MIXERS = {"deltanet", "mamba2", "longhorn", "muonssm_mamba2", "muonssm_gated_deltanet", "muonssm_longhorn",
                "atlas", "atlas_mag", "atlas_mal"}
 
@@ -146,17 +155,16 @@ def by_cost(names):
     return [pytest.param(name, marks=pytest.mark.slow) if name in SLOW_MIXERS else name for name in names]
 
 
+def mixer_config(name, **extra):
+    """``model_config`` of the mixer, the Atlas hybrids' memory at the settings above."""
+    return model_config(name, **({"atlas": ATLAS_SETTINGS[name]} if name in ATLAS_SETTINGS else {}), **extra)
+
+
 @pytest.mark.parametrize("name", by_cost(context_parallel_mixers()))
 def test_context_parallel_mixers_match_one_device_on_packed_rows(name):
-    assert_split_equals_one_device(model_config(name), data=2)
-
-
-@pytest.mark.slow  # ~30 s on 2 busy cores
-def test_titans_matches_one_device_on_packed_rows():
-    """The Atlas mixer's split form (conv halo, the memory's shards in sequence) in a model: Titans' rule on a
-    linear memory in chunks of 8, two per shard."""
-    titans = AtlasConfig(window=1, chunk_size=8, poly_degree=1, ns_steps=0, memory_depth=1, eta_range=(0.0, 0.5))
-    assert_split_equals_one_device(model_config("atlas", atlas=titans), data=2)
+    """One layer of the mixer (two, one after the other, in the scanned test below); atlas_mag's memory is Titans'
+    (window 1, a linear memory in chunks of 8, two per shard), atlas_mal's WINDOWED."""
+    assert_split_equals_one_device(dataclasses.replace(mixer_config(name), mixers=(name,)), data=2)
 
 
 @pytest.mark.parametrize("layout", ["balanced", "contiguous"])
@@ -171,12 +179,17 @@ def test_attention_by_ring_matches_one_device_scanned_and_rematerialised():
                                                 scan_layers=True, remat="full"), data=1)
 
 
-# atlas_mag and atlas_mal are left out here (55 s each): their memory is atlas's and their attention branch
-# attention's or swa's, each checked here scanned and rematerialised; on packed rows above all three are.
+# Two layers, scanned. atlas_mag and atlas_mal are left out here: their memory is atlas's and their attention
+# branch attention's or swa's, each checked here scanned and rematerialised; on packed rows above all three are.
+# atlas runs here at WINDOWED (the shards in sequence with the memory, the momentum and the window crossing them).
+# deltanet is left out: its split op is gated_deltanet's (split_gated_delta_rule) without the decay, which runs
+# unrolled on packed rows above and at the op level in test_state_passing.py (delta_rule_without_decay).
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [n for n in context_parallel_mixers() if n not in ("atlas_mag", "atlas_mal")])
+@pytest.mark.parametrize("name", [n for n in context_parallel_mixers()
+                                  if n not in ("atlas_mag", "atlas_mal", "deltanet")])
 def test_context_parallel_mixers_match_one_device_scanned_and_rematerialised(name):
-    assert_split_equals_one_device(model_config(name, scan_layers=True, remat="full"), data=1)
+    assert_split_equals_one_device(model_config(name, scan_layers=True, remat="full",
+                                                **({"atlas": WINDOWED} if name == "atlas" else {})), data=1)
 
 
 def test_a_mixer_without_a_context_parallel_form_is_refused_by_name(monkeypatch):

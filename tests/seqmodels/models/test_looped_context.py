@@ -19,7 +19,8 @@ from seqmodels.training.state import init_params
 
 # Rows of 10 + 2 tokens (3 per shard at mesh.context = 4); with padding_scale 1 the longest string (N = 10) lays out
 # on 12 + 10 = 22 positions, rounded to 24 under 4 shards: its [CLS] (position 21) sits in the last shard and
-# its symbols in the first two.
+# its symbols in the first two. No prelude and no coda: the looped block alone (a coda or prelude block runs the
+# mixer's split form as an LM's blocks do, checked in tests/seqmodels/layers/test_context.py).
 LENGTHS = (4, 10, 6, 8)
 
 
@@ -36,7 +37,7 @@ def looped_config(mixer="attention", **changes):
     return ModelConfig(vocab_size=VOCAB_SIZE, d_model=32, num_heads=2, kind="looped", kernel_impl="xla",
                        deltanet=DeltaNetConfig(chunk_size=16),
                        looped=LoopedConfig(mixer=mixer, padding_scale=1.0, loops_scale=0.5, prelude_layers=0,
-                                           coda_layers=1, attention="bidirectional"), **changes)
+                                           coda_layers=0, attention="bidirectional"), **changes)
 
 
 def logits_loss_and_grads(config, mesh, rows):
