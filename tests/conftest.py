@@ -4,25 +4,10 @@ import os
 import tempfile
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-# The processes the tests start (train.py, eval.py, export.py, the launcher's trainers, ablate.py's runs) compile with
-# LLVM at optimisation level 0: they compile programs of a few tiny steps, so compiling is most of their time.
-# Measured on 2 cores (2026-12-07, load ~6): a 3-step train.py of 2 tiny layers compiled its 7 programs in 41.0 /
-# 54.6 s with XLA's default pipeline and 28.8 / 27.8 s with this one. Floating-point results may differ in the
-# last bits (no fused multiply-adds), so these flags go only to processes whose results the tests compare with
-# each other's: each test's processes all get them, from this environment or from `xla_flags(devices)`. The tests'
-# own process keeps XLA's defaults, as users' runs do (the kernels' tolerances are measured under them): its
-# backend is created below before the flags join the environment, and XLA reads its flags once, then.
-PROCESS_COMPILE_FLAGS = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
-
-
-def xla_flags(devices: int) -> str:
-    """``XLA_FLAGS`` for a process a test starts on ``devices`` simulated CPU devices, with the processes' flags."""
-    return f"--xla_force_host_platform_device_count={devices} {PROCESS_COMPILE_FLAGS}"
-
-
-# An xdist worker inherits the processes' flags from its parent: its own backend goes without them.
-os.environ["XLA_FLAGS"] = os.environ["XLA_FLAGS"].replace(PROCESS_COMPILE_FLAGS, "").strip()
-
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# LAPACK calls (the delta-rule triangular solves) with multi-threaded OpenBLAS spin-wait on a busy
+# CPU and run ~1000x slower; XLA's own thread pool is unaffected.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 # One persistent XLA compilation cache for the whole session (seqmodels.compilation): every xdist worker,
 # every test that trains or evaluates in-process, and every train.py / eval.py / export.py a test starts
 # (they inherit SEQMODELS_COMPILATION_CACHE) read and write the same directory, so a program the suite built
@@ -51,10 +36,6 @@ import pytest  # noqa: E402
 from seqmodels.compilation import use_compilation_cache  # noqa: E402
 
 use_compilation_cache(_TEST_COMPILATION_CACHE)  # also the programs tests compile without an entry point
-import jax  # noqa: E402
-
-jax.devices()  # XLA reads XLA_FLAGS here, once per process
-os.environ["XLA_FLAGS"] += " " + PROCESS_COMPILE_FLAGS  # inherited by every process a test starts
 
 # A suite started in the background by a non-interactive shell (`pytest ... &`, `nohup`) inherits SIGINT and
 # SIGQUIT ignored, and so would every run a test starts: the tests that interrupt a run (tests/reliability,

@@ -6,14 +6,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import xla_flags
-
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def subprocess_env(devices: int = 1) -> dict:
     return dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu",
-                XLA_FLAGS=xla_flags(devices))
+                XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
 
 
 def run_script(script: str, *args, timeout: int = 300) -> subprocess.CompletedProcess:

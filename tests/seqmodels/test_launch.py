@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from seqmodels.launch import cluster_detected, process_environment
-from conftest import tiny_overrides, xla_flags
+from conftest import tiny_overrides
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.xdist_group("launch")  # one worker: the two processes need both cores
@@ -23,7 +23,7 @@ def run(overrides, *, processes: int, expect: int = 0):
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
     env.pop("JAX_COORDINATOR_ADDRESS", None)
     if processes == 1:
-        env["XLA_FLAGS"] = xla_flags(4)
+        env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
         command = [sys.executable, str(ROOT / "train.py"), *overrides]
     else:
         command = [sys.executable, "-m", "seqmodels.launch", "--processes", str(processes), "--devices-per-process",
@@ -63,7 +63,7 @@ def test_two_processes_train_as_one_with_four_devices(tmp_path, tiny_corpus, mes
 
 def run_one(overrides, *, devices: int, expect: int = 0):
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT),
-               XLA_FLAGS=xla_flags(devices))
+               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
     env.pop("JAX_COORDINATOR_ADDRESS", None)
     result = subprocess.run([sys.executable, str(ROOT / "train.py"), *overrides], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=600)

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from conftest import xla_flags
 from experiments.cfl import run
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -21,7 +20,7 @@ TINY = ["model.d_model=16", "model.num_heads=2", "data.cfl.max_length=8", "data.
 
 
 def single_device_env():
-    return dict(os.environ, XLA_FLAGS=xla_flags(1), JAX_PLATFORMS="cpu")
+    return dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu")
 
 
 @pytest.mark.slow

@@ -39,7 +39,6 @@ class AotServer:
         if not (LIBTPU / "libtpu").is_dir():
             pytest.fail(f"libtpu is not installed in {LIBTPU}: bash scripts/setup.sh installs requirements-tpu.txt there")
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(LIBTPU)]), "TPU_SKIP_MDS_QUERY": "1"}
-        env.pop("XLA_FLAGS", None)  # the suite's CPU compile flags (tests/conftest.py) stay out of the TPU compiler
         self.log = open(self.log_path, "w")
         self.process = subprocess.Popen([sys.executable, "-m", "seqmodels.tools.aot", "--serve"], cwd=ROOT, env=env,
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True)

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from conftest import tiny_overrides, xla_flags
+from conftest import tiny_overrides
 from seqmodels.config_io import load_config
 from seqmodels.runs.load import load_run
 from seqmodels.training.loop import TrainingDiverged, train
@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def run_train_process(overrides, devices=1):
-    env = dict(os.environ, XLA_FLAGS=xla_flags(devices), JAX_PLATFORMS="cpu")
+    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu")
     result = subprocess.run([sys.executable, str(ROOT / "train.py"), *overrides], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -72,7 +72,7 @@ def test_a_run_trained_on_two_devices_loads_for_evaluation_on_one(tmp_path, tiny
     run_dir = tmp_path / "two_devices"
     run = run_train_process(tiny_overrides(run_dir, tiny_corpus, train__steps=5), devices=2)
     assert "mesh {'data': 2" in run.stdout + run.stderr
-    env = dict(os.environ, XLA_FLAGS=xla_flags(1), JAX_PLATFORMS="cpu")
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu")
     loaded = subprocess.run([sys.executable, "-c", LOAD_ON_ONE_DEVICE, str(run_dir), str(tmp_path / "one.npz")],
                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert loaded.returncode == 0, loaded.stderr[-3000:]
@@ -173,7 +173,7 @@ def test_sigterm_checkpoints_the_current_step_and_exits_with_the_preempted_statu
     import signal
     import time
     run_dir = tmp_path / "sigterm"
-    env = dict(os.environ, XLA_FLAGS=xla_flags(1), JAX_PLATFORMS="cpu")
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu")
     overrides = tiny_overrides(run_dir, tiny_corpus, train__steps=100000, checkpoint__every_steps=100000)
     process = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *overrides], cwd=ROOT, env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
