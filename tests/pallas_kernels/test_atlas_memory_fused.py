@@ -33,7 +33,6 @@ def assert_matches(got, want, tolerance, what):
 
 
 fused_form = functools.partial(atlas_memory, impl=FUSED)
-reference_form = reference  # test_atlas_memory's: its jitted programs (functools.cache) are reused here
 
 
 @functools.cache
@@ -50,7 +49,7 @@ def assert_fused_matches_reference(inputs, initial, settings, impl=FUSED):
     NS's Jacobian magnifies that difference as its forward does (measured with Polar Express: 1.5x the tolerance
     against the oracle where the xla form is at 0.85x; with muon both at 0.5x)."""
     y, grads = evaluate(functools.partial(atlas_memory, impl=impl), inputs, initial, settings)
-    y_ref, grads_ref = evaluate(reference_form, inputs, initial, settings)
+    y_ref, grads_ref = evaluate(reference, inputs, initial, settings)
     tolerance = scale_tolerance(settings)
     assert np.abs(np.asarray(y_ref)).max() > 0.1  # the memory produced real outputs
     assert_matches(y, y_ref, tolerance, "y")
@@ -217,7 +216,7 @@ def test_the_kernel_writes_every_kth_boundary_state_that_the_backward_recomputes
     y_all, grads_all = evaluate(fused_form, inputs, initial, settings)
     assert_matches(y, y_all, 1e-6, "y")
     assert_matches(grads, grads_all, 1e-5, "gradients")
-    y_ref, grads_ref = evaluate(reference_form, inputs, initial, settings)
+    y_ref, grads_ref = evaluate(reference, inputs, initial, settings)
     assert_matches(grads, grads_ref, 2 * scale_tolerance(settings), "gradients against the reference")
 
 

@@ -155,9 +155,9 @@ def by_cost(names):
     return [pytest.param(name, marks=pytest.mark.slow) if name in SLOW_MIXERS else name for name in names]
 
 
-def mixer_config(name, **extra):
-    """``model_config`` of the mixer, the Atlas hybrids' memory at the settings above."""
-    return model_config(name, **({"atlas": ATLAS_SETTINGS[name]} if name in ATLAS_SETTINGS else {}), **extra)
+def mixer_config(name, atlas_settings=ATLAS_SETTINGS, **extra):
+    """``model_config`` of the mixer, its Atlas memory at ``atlas_settings[name]`` where it has an entry."""
+    return model_config(name, **({"atlas": atlas_settings[name]} if name in atlas_settings else {}), **extra)
 
 
 @pytest.mark.parametrize("name", by_cost(context_parallel_mixers()))
@@ -188,8 +188,7 @@ def test_attention_by_ring_matches_one_device_scanned_and_rematerialised():
 @pytest.mark.parametrize("name", [n for n in context_parallel_mixers()
                                   if n not in ("atlas_mag", "atlas_mal", "deltanet")])
 def test_context_parallel_mixers_match_one_device_scanned_and_rematerialised(name):
-    assert_split_equals_one_device(model_config(name, scan_layers=True, remat="full",
-                                                **({"atlas": WINDOWED} if name == "atlas" else {})), data=1)
+    assert_split_equals_one_device(mixer_config(name, {"atlas": WINDOWED}, scan_layers=True, remat="full"), data=1)
 
 
 def test_a_mixer_without_a_context_parallel_form_is_refused_by_name(monkeypatch):
