@@ -227,3 +227,19 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.nodeid in MEASURED_SLOW:
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.hookimpl(tryfirst=True)  # before the xdist worker sends its collection to the scheduler (same hook)
+def pytest_collection_finish(session):
+    """Carry every ``xdist_group`` mark into the node id the ``loadgroup`` scheduler reads (``<id>@<group>``).
+
+    pytest-xdist 3.8 appends the group by assigning ``item._nodeid``, which pytest 9 no longer reads (an item's
+    id is its ``_id``), so without this the groups were ignored: a module's shared fixture was built once per
+    worker and the launch tests ran beside other work. Runs before the worker reports its collection."""
+    if not getattr(session.config.option, "loadgroup", False):
+        return
+    for item in session.items:
+        groups = sorted({str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+                         for mark in item.iter_markers("xdist_group")})
+        if groups and "@" not in item.nodeid:
+            item._id = type(item._id).parse(f"{item.nodeid}@{'_'.join(groups)}")

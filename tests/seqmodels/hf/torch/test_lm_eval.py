@@ -28,6 +28,8 @@ import pytest
 from export_parity import BASE_CONFIG, LOGIT_TOLERANCE, jax_logits, jax_model, random_params, tiny_config
 from package_environments import package_environment, run_checked
 
+pytestmark = pytest.mark.xdist_group("lm_eval")  # one worker builds the module's export and lm_eval's results once
+
 LM_EVAL = "lm_eval[hf]==0.4.13"
 NUM_CHOICE_DOCS, NUM_GENERATE_DOCS, MAX_NEW_TOKENS, WIDTH = 8, 8, 6, 64
 CLEAR_MARGIN = 0.05  # a choice decides the expected score only when it wins by this much in log-likelihood

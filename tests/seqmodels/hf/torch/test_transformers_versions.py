@@ -23,6 +23,8 @@ from package_environments import package_environment, run_checked
 
 from seqmodels.hf.formats import export_format
 
+pytestmark = pytest.mark.xdist_group("transformers_versions")  # one worker builds the module's exports once
+
 ROOT = Path(__file__).resolve().parents[4]
 CHECK = Path(__file__).with_name("transformers_version_check.py")
 
