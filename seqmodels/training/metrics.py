@@ -1,4 +1,4 @@
-"""Metrics sinks: TensorBoard event files (tensorboardX, no TensorFlow), a JSONL log, a progress bar."""
+"""Metrics sinks: TensorBoard event files (encoded in ``event_records``, no TensorFlow), a JSONL log, a progress bar."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 
 from seqmodels.config import LogConfig
 from seqmodels.errors import writing
+from seqmodels.training import event_records
 
 
 def drop_rows_after(path, step: int) -> int:
@@ -51,8 +52,6 @@ class EventFile:
     """
 
     def __init__(self, directory, *, purge_step: int | None = None):
-        from tensorboardX.proto.event_pb2 import Event, SessionLog
-        from tensorboardX.record_writer import RecordWriter
         directory = Path(directory)
         with writing(directory):
             directory.mkdir(parents=True, exist_ok=True)
@@ -61,29 +60,27 @@ class EventFile:
         while self.path.exists():  # a resumed run within the same second: a file of its own, not an overwrite
             number += 1
             self.path = directory / f"{name}.{number}"
-        self._event = Event
         with writing(self.path):
-            self._records = RecordWriter(str(self.path))
-        self._write(Event(wall_time=time.time(), file_version="brain.Event:2"))
+            self._file = open(self.path, "xb")
+        self._write(event_records.event(time.time(), file_version="brain.Event:2"))
         if purge_step is not None:
-            self._write(Event(wall_time=time.time(), step=purge_step, session_log=SessionLog(status=SessionLog.START)))
+            self._write(event_records.event(time.time(), purge_step, session_start=True))
         self.flush()
 
-    def _write(self, event) -> None:
+    def _write(self, payload: bytes) -> None:
         with writing(self.path):
-            self._records.write(event.SerializeToString())
+            self._file.write(event_records.record(payload))
 
     def add_scalar(self, tag: str, value: float, step: int) -> None:
-        from tensorboardX.summary import scalar
-        self._write(self._event(wall_time=time.time(), step=step, summary=scalar(tag, float(value))))
+        self._write(event_records.event(time.time(), step, scalars={tag: float(value)}))
 
     def flush(self) -> None:
         with writing(self.path):
-            self._records.flush()
+            self._file.flush()
 
     def close(self) -> None:
         with writing(self.path):
-            self._records.close()
+            self._file.close()
 
 
 class MetricsLogger:
