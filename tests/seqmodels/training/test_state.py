@@ -77,3 +77,22 @@ def test_merged_spec_keeps_the_split_of_a_run_whose_first_axis_is_split():
     assert merged_spec((64, 4, 16), ("fsdp", "tensor", None), (64, 64)) == jax.sharding.PartitionSpec("fsdp", "tensor")
     assert merged_spec((64, 4, 16), ("fsdp", None, "tensor"), (64, 64)) is None  # split inside a run
     assert merged_spec((64, 4), ("fsdp", None), (32, 8)) is None  # not a merge of neighbouring axes
+
+
+@pytest.mark.slow
+def test_the_initialisation_compiled_at_level_1_gives_the_parameters_of_xla_s_default_level():
+    """``init_params`` on CPU compiles at LLVM level 1 (a shorter compile): a layer of each kind of initialiser (the
+    projections' truncated normals, Mamba2's log-uniform steps and A, the delta rule's gates, Atlas's memory MLP) comes
+    out bit for bit as XLA's default level 3 makes it. (Every registered mixer did too, measured 2026-12-08.)"""
+    from seqmodels.models import build_model
+    from seqmodels.training.state import INIT_COMPILER_OPTIONS_CPU, init_params
+    config = ModelConfig(d_model=32, num_heads=2, vocab_size=64, max_seq_len=32,
+                         mixers=("attention", "mamba2", "gated_deltanet", "atlas"))
+    mesh = make_mesh(MeshConfig(data=1, fsdp=1, tensor=1), devices=jax.devices()[:1])
+    assert INIT_COMPILER_OPTIONS_CPU == {"xla_backend_optimization_level": 1}
+    _, params, _ = init_params(config, 3, mesh)
+    default = jax.jit(lambda: nnx.to_pure_dict(nnx.state(build_model(config, seed=3), nnx.Param)))()
+    ours, theirs = _by_path(params), _by_path(default)
+    assert ours.keys() == theirs.keys() and len(ours) > 4 * 3
+    for path, leaf in ours.items():
+        np.testing.assert_array_equal(np.asarray(leaf), np.asarray(theirs[path]), err_msg=path)
