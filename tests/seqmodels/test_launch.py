@@ -47,13 +47,19 @@ def assert_same_losses(a: dict, b: dict):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mesh", [(-1, 1, 1), (1, 4, 1), (1, 2, 2), (1, 1, 4)],
-                         ids=["data", "fsdp", "fsdp_x_tensor", "tensor_across_processes"])
-def test_two_processes_train_as_one_with_four_devices(tmp_path, tiny_corpus, mesh):
-    # MQAR rows are a function of (seed, example index), so the global batch holds the same examples
-    # however the processes split it: the runs must agree up to the order of float reductions.
+@pytest.mark.parametrize("mesh, source", [((-1, 1, 1), "stdlib"), ((1, 4, 1), "jsonl"), ((1, 2, 2), "token_ids"),
+                                          ((1, 1, 4), "mqar")],
+                         ids=["data-stdlib", "fsdp-jsonl", "fsdp_x_tensor-token_ids", "tensor_across_processes-mqar"])
+def test_two_processes_train_as_one_with_four_devices(tmp_path, tiny_corpus, mesh, source):
+    # The global batch of step s holds the same rows however the processes split it: MQAR rows are a function of
+    # (seed, example index), and a packed source's documents are packed into rows that each process draws in full
+    # and keeps its own of. So the runs must agree up to the order of float reductions.
+    data = {"stdlib": dict(data__source="stdlib"),
+            "jsonl": dict(data__source="jsonl", data__path=str(jsonl_corpus(tmp_path))),
+            "token_ids": dict(data__source="token_ids", data__path=token_ids_corpus(tmp_path)),
+            "mqar": MQAR}[source]
     extra = dict(mesh__data=mesh[0], mesh__fsdp=mesh[1], mesh__tensor=mesh[2], train__steps=10,
-                 checkpoint__every_steps=10, model__num_heads=4, **MQAR)
+                 checkpoint__every_steps=10, model__num_heads=4, **data)
     one = run(tiny_overrides(tmp_path / "one", tiny_corpus, **extra), processes=1)
     two = run(tiny_overrides(tmp_path / "two", tiny_corpus, **extra), processes=2)
     assert "[process 1]" in two.stdout + two.stderr
@@ -75,20 +81,6 @@ def assert_close_losses(a: dict, b: dict, tolerance: float = 1e-5):
     assert sorted(a) == sorted(b)
     for step in a:
         assert abs(a[step] - b[step]) <= tolerance * max(1.0, abs(a[step])), (step, a[step], b[step])
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("source", ["stdlib", "jsonl", "token_ids"])
-def test_packed_sources_give_two_processes_the_batches_of_one(tmp_path, tiny_corpus, source):
-    # Documents packed into rows: each process draws the global batch and keeps its rows, so the batch
-    # of step s does not depend on how many processes share it.
-    data = {"stdlib": dict(data__source="stdlib"),
-            "jsonl": dict(data__source="jsonl", data__path=str(jsonl_corpus(tmp_path))),
-            "token_ids": dict(data__source="token_ids", data__path=token_ids_corpus(tmp_path))}[source]
-    extra = dict(train__steps=6, checkpoint__every_steps=6, model__num_heads=4, **data)
-    run(tiny_overrides(tmp_path / "one", tiny_corpus, **extra), processes=1)
-    run(tiny_overrides(tmp_path / "two", tiny_corpus, **extra), processes=2)
-    assert_same_losses(losses(tmp_path / "one"), losses(tmp_path / "two"))
 
 
 def jsonl_corpus(tmp_path) -> Path:
