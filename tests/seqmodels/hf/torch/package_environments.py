@@ -50,8 +50,8 @@ def package_environment(name: str, requirement: str | list[str], probe: str, exp
                                "asking the venv for its site-packages").strip())
         (own / "zz_base_venv.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")  # after its own packages
         environment = None if build_environment is None else {**os.environ, **build_environment}
-        run_checked([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *pip_options,
-                     *requirements], f"installing {' '.join(requirements)}", env=environment)
+        run_checked([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-compile",
+                     *pip_options, *requirements], f"installing {' '.join(requirements)}", env=environment)
         found = run_checked([str(python), "-c", f"print({probe})"], f"probing {' '.join(requirements)}").strip()
         if found != expected:
             pytest.fail(f"{root}: {probe} is {found!r} after installing {' '.join(requirements)}, not {expected!r}",
