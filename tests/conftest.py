@@ -235,7 +235,8 @@ def pytest_collection_finish(session):
 
     pytest-xdist 3.8 appends the group by assigning ``item._nodeid``, which pytest 9 no longer reads (an item's
     id is its ``_id``), so without this the groups were ignored: a module's shared fixture was built once per
-    worker and the launch tests ran beside other work. Runs before the worker reports its collection."""
+    worker and the launch tests, meant to run one after another, ran on both workers at once. Runs before the
+    worker reports its collection."""
     if not getattr(session.config.option, "loadgroup", False):
         return
     for item in session.items:
